@@ -1,0 +1,51 @@
+"""`mistill <group> <command> [...]`: the one entry point every DVC stage calls.
+
+Each layer owns its commands in `mistill/<group>/commands.py`, which exposes
+`register(subparsers)`; that module adds one subparser per command and sets
+`func` on it.  Groups are imported lazily so `mistill repro check` never pays
+for importing torch.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+
+from mistill.errors import UserError
+
+GROUPS = {
+    "world": "corpora, inventory, prompts, shortlists",
+    "models": "tokenizers, tiny demo models, generation, teacher traces",
+    "instrument": "events, attribution, patching, knock-in, calibration",
+    "distill": "span buckets, teacher targets, head pools, training arms",
+    "evaluate": "task, fidelity and mechanism metrics",
+    "repro": "registry, numbers files, tolerance checks, paper rendering",
+}
+
+
+def build_parser(group: str | None = None) -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="mistill", description=__doc__.splitlines()[0])
+    groups = parser.add_subparsers(dest="group", metavar="GROUP", required=True)
+    for name, summary in GROUPS.items():
+        sub = groups.add_parser(name, help=summary, description=summary)
+        if name == group:
+            commands = sub.add_subparsers(dest="command", metavar="COMMAND", required=True)
+            importlib.import_module(f"mistill.{name}.commands").register(commands)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    group = argv[0] if argv and argv[0] in GROUPS else None
+    args = build_parser(group).parse_args(argv)
+    try:
+        result = args.func(args)
+    except UserError as err:
+        print(f"mistill: error: {err}", file=sys.stderr)
+        return 2
+    return int(result or 0)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,40 @@
+"""The active profile's parameters.
+
+`params.yaml` holds `profile: <name>` and one section per profile (`demo`,
+`paper`).  Code never branches on the profile's name: it reads sizes, paths and
+model ids from the active section, which `load_params()` returns.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from mistill.errors import UserError
+
+DEFAULT_PARAMS = Path("params.yaml")
+
+
+def load_all(path: str | Path = DEFAULT_PARAMS) -> dict[str, Any]:
+    path = Path(path)
+    if not path.exists():
+        raise UserError(f"{path}: no such parameters file (run from the repository root)")
+    with path.open() as fh:
+        data = yaml.safe_load(fh)
+    if not isinstance(data, dict) or "profile" not in data:
+        raise UserError(f"{path}: expected a mapping with a 'profile' key")
+    return data
+
+
+def load_params(path: str | Path = DEFAULT_PARAMS, profile: str | None = None) -> dict[str, Any]:
+    """The active profile's section, with its name under `profile`."""
+    data = load_all(path)
+    name = profile or data["profile"]
+    if name not in data or not isinstance(data[name], dict):
+        known = sorted(k for k, v in data.items() if isinstance(v, dict))
+        raise UserError(f"{path}: unknown profile {name!r}; known: {', '.join(known)}")
+    section = dict(data[name])
+    section["profile"] = name
+    return section
