@@ -1,0 +1,196 @@
+"""Exact interventions at one position, against the clean prefill's key-value cache (App. C).
+
+The unit of intervention is one head's output at one position q.  The slow,
+obvious measurement is a full forward of tokens [0, q] with the head replaced at
+q (`brute_force_logits`).  The fast paths give the same numbers:
+
+* cached: one prefill builds the cache (and each head's mean); an event at q
+  crops the cache to [0, q) and runs the single token at q.  Events are visited
+  in decreasing position so the cache is only ever cropped (App. C).
+* cached + batched: B variants of one event (different heads replaced, or none)
+  run as ONE forward of B copies of the token at q against the shared cache,
+  all at RoPE position q, each attending to the cache and to itself only
+  (a 4D additive mask).  Nothing is copied per variant.
+
+`PatchCache` preallocates the keys and values so that appending the B variant
+tokens writes in place and cropping only moves a length; transformers'
+DynamicCache would copy the whole cache on every forward.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+from transformers.cache_utils import Cache, DynamicLayer
+
+from mistill.instrument.hook import HeadHook, Replacement
+
+
+class _ScratchLayer(DynamicLayer):
+    """A cache layer with fixed capacity; `length` is the logical sequence length."""
+
+    def __init__(self, capacity: int):
+        super().__init__()
+        self.capacity = capacity
+        self.length = 0
+
+    def lazy_initialization(self, key_states, value_states):
+        self.dtype, self.device = key_states.dtype, key_states.device
+        shape = (*key_states.shape[:-2], self.capacity, key_states.shape[-1])
+        self.key_buffer = torch.empty(shape, dtype=self.dtype, device=self.device)
+        self.value_buffer = torch.empty(shape, dtype=self.dtype, device=self.device)
+        self.is_initialized = True
+
+    def update(self, key_states, value_states, *args, **kwargs):
+        if not self.is_initialized:
+            self.lazy_initialization(key_states, value_states)
+        n, start = key_states.shape[-2], self.length
+        if start + n > self.capacity:
+            raise RuntimeError(f"PatchCache capacity {self.capacity} exceeded ({start} + {n})")
+        if key_states.requires_grad or value_states.requires_grad:
+            # A gradient forward keeps the graph: concatenate instead of writing in place.
+            keys = torch.cat([self.key_buffer[..., :start, :], key_states], dim=-2)
+            values = torch.cat([self.value_buffer[..., :start, :], value_states], dim=-2)
+        else:
+            self.key_buffer[..., start:start + n, :] = key_states
+            self.value_buffer[..., start:start + n, :] = value_states
+            keys = self.key_buffer[..., :start + n, :]
+            values = self.value_buffer[..., :start + n, :]
+        self.length = start + n
+        self.keys, self.values = keys, values
+        return keys, values
+
+    def get_seq_length(self) -> int:
+        return self.length
+
+    def get_max_length(self) -> int:
+        return self.capacity
+
+    def crop(self, tokens_to_remove: int) -> None:
+        if tokens_to_remove > 0:
+            raise ValueError("crop takes a negative number of tokens to remove")
+        self.length = max(0, self.length + tokens_to_remove)
+
+
+class PatchCache(Cache):
+    """Preallocated key-value cache: in-place appends, cropping without copies."""
+
+    def __init__(self, n_layers: int, capacity: int):
+        super().__init__(layers=[_ScratchLayer(capacity) for _ in range(n_layers)])
+
+    def crop_to(self, length: int) -> None:
+        for layer in self.layers:
+            layer.length = min(layer.length, length)
+
+
+def crop_to(cache: Cache, length: int) -> None:
+    """Crop any transformers cache to `length` tokens (transformers 5 crop takes a negative count)."""
+    if isinstance(cache, PatchCache):
+        cache.crop_to(length)
+        return
+    remove = cache.get_seq_length() - length
+    if remove > 0:
+        cache.crop(-remove)
+
+
+@dataclass
+class Prefill:
+    cache: Cache
+    mu: torch.Tensor  # [L, H, D] fp32: each head's mean over the whole input (App. C)
+    logits: torch.Tensor | None  # [len(logit_positions), V] fp32
+    length: int
+
+
+def _device(model) -> torch.device:
+    return next(model.parameters()).device
+
+
+@torch.no_grad()
+def prefill(model, hook: HeadHook, input_ids: Sequence[int], *, reserve: int = 256,
+            logit_positions: Sequence[int] | None = None) -> Prefill:
+    """One forward over the whole input: builds the cache and accumulates mu_h (App. C)."""
+    ids = torch.as_tensor(list(input_ids), device=_device(model))[None]
+    cache = PatchCache(hook.n_layers, ids.shape[1] + reserve)
+    keep = torch.as_tensor(list(logit_positions), device=ids.device) if logit_positions else 1
+    with hook.accumulating_mean() as acc:
+        out = model(input_ids=ids, past_key_values=cache, use_cache=True, logits_to_keep=keep)
+    logits = out.logits[0].float() if logit_positions else None
+    return Prefill(cache, acc["mu"], logits, ids.shape[1])
+
+
+def variant_mask(n_variants: int, n_cached: int, dtype: torch.dtype, device) -> torch.Tensor:
+    """[1, 1, B, n_cached + B] additive mask: every variant sees the cache and itself only."""
+    mask = torch.full((1, 1, n_variants, n_cached + n_variants), torch.finfo(dtype).min, dtype=dtype,
+                      device=device)
+    mask[..., :n_cached] = 0
+    idx = torch.arange(n_variants, device=device)
+    mask[0, 0, idx, n_cached + idx] = 0
+    return mask
+
+
+def forward_variants(model, hook: HeadHook, cache: Cache, q: int, token_id: int,
+                     replacement: Replacement | None, n_variants: int) -> torch.Tensor:
+    """Logits [B, V] of B variants of the token at position q, against the cache cropped to [0, q).
+
+    `replacement.mask` is [L, B, H]: variant b replaces the heads selected in mask[:, b].
+    """
+    crop_to(cache, q)
+    device = _device(model)
+    tokens = torch.full((1, n_variants), int(token_id), device=device)
+    positions = torch.full((1, n_variants), q, device=device)
+    kwargs = {}
+    if n_variants > 1:
+        kwargs["attention_mask"] = variant_mask(n_variants, q, model.dtype, device)
+    with hook.replacing(replacement):
+        out = model(input_ids=tokens, position_ids=positions, past_key_values=cache, use_cache=True, **kwargs)
+    crop_to(cache, q)
+    return out.logits[0].float()
+
+
+def forward_variants_chunked(model, hook: HeadHook, cache: Cache, q: int, token_id: int,
+                             mask: torch.Tensor, values: torch.Tensor, max_batch: int) -> torch.Tensor:
+    """`forward_variants` over mask [L, B, H] in chunks of at most `max_batch` variants."""
+    out = []
+    for start in range(0, mask.shape[1], max_batch):
+        chunk = mask[:, start:start + max_batch]
+        vals = values if values.dim() == 3 else values[:, start:start + max_batch]
+        out.append(forward_variants(model, hook, cache, q, token_id, Replacement(chunk, vals), chunk.shape[1]))
+    return torch.cat(out)
+
+
+@torch.no_grad()
+def brute_force_logits(model, hook: HeadHook, context_ids: Sequence[int], token_id: int,
+                       head_mask: torch.Tensor | None, values: torch.Tensor | None) -> torch.Tensor:
+    """The slow reference: a full forward of context + [token], heads replaced at the last position.
+
+    head_mask [L, H] selects heads; values [L, H, D] are written there.  Returns logits [V].
+    """
+    ids = torch.as_tensor([*context_ids, int(token_id)], device=_device(model))[None]
+    T = ids.shape[1]
+    replacement = None
+    if head_mask is not None:
+        mask = torch.zeros(hook.n_layers, T, hook.n_heads, dtype=torch.bool)
+        mask[:, T - 1] = head_mask
+        replacement = Replacement(mask, values)
+    with hook.replacing(replacement):
+        out = model(input_ids=ids, use_cache=False, logits_to_keep=1)
+    return out.logits[0, -1].float()
+
+
+def one_head_per_variant(n_layers: int, n_heads: int, heads: Sequence[tuple[int, int]],
+                         include_clean: bool = True) -> torch.Tensor:
+    """Mask [L, B, H]: variant 0 intervenes on nothing (if include_clean), variant b on heads[b-1]."""
+    offset = 1 if include_clean else 0
+    mask = torch.zeros(n_layers, len(heads) + offset, n_heads, dtype=torch.bool)
+    for b, (layer, head) in enumerate(heads):
+        mask[layer, b + offset, head] = True
+    return mask
+
+
+def sets_per_variant(n_layers: int, n_heads: int, sets: Sequence[torch.Tensor]) -> torch.Tensor:
+    """Mask [L, B, H] from one [L, H] boolean set per variant."""
+    if not sets:
+        return torch.zeros(n_layers, 0, n_heads, dtype=torch.bool)
+    return torch.stack([s.to(torch.bool) for s in sets], dim=1)

@@ -1,0 +1,256 @@
+"""The result registry: every one of the paper's 62 results and its expected values per profile.
+
+``registry.yaml`` (repository root) is the one machine-readable source of truth
+for what each result id is: where in the paper, the claim, its data artifacts,
+the DVC stage and reader that produce it, the params sections it reads, seeds,
+compute, nondeterminism classes and status.  Expected values live per profile
+in ``results/expected/<profile>.yaml`` as ``id -> key -> {value, stat, kind,
+class, tolerance?}``; a value without its own tolerance takes the documented
+default for its class and kind (``tolerance_defaults`` in registry.yaml,
+derived from the class definitions of App. Q).
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from mistill.errors import UserError
+from mistill.repro.tolerance import Tolerance, flatten, printed_half_unit
+
+REGISTRY_FILE = "registry.yaml"
+EXPECTED_DIR = Path("results") / "expected"
+
+ALL_IDS: tuple[str, ...] = tuple([f"R-C{i}" for i in range(1, 16)] + [f"R-D{i}" for i in range(0, 47)])
+CLASSES = ("G", "K", "T", "F", "none")
+KINDS = ("share", "percent", "nats", "count", "discrete", "quantity", "p_value")
+KEY_PATTERN = re.compile(r"^[a-z][a-z0-9_]*$")
+RESULT_FIELDS = ("group", "where", "claim", "data", "stage", "reader", "params", "seeds", "compute",
+                 "nondeterminism", "status")
+
+
+@dataclass(frozen=True)
+class Result:
+    """One registered result id (one DVC stage ending in one reader)."""
+
+    id: str
+    group: str
+    where: str
+    claim: str
+    data: list[str]
+    stage: str
+    reader: str
+    params: list[str]
+    seeds: str
+    compute: dict[str, str]
+    nondeterminism: list[str]
+    status: str
+    status_note: str = ""
+    tolerance_note: str = ""
+    paper_readers: list[str] = field(default_factory=list)
+    caption_tables: list[int] = field(default_factory=list)
+    depends_on: list[str] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class Expected:
+    """One expected value of one result under one profile, with its resolved tolerance."""
+
+    result_id: str
+    key: str
+    value: Any
+    stat: str
+    kind: str
+    cls: str
+    tolerance: Tolerance
+    reported: dict[str, Any] = field(default_factory=dict)   # paper's interval, p, higher/lower counts, source
+
+
+@dataclass(frozen=True)
+class ExpectedSet:
+    profile: str
+    meta: dict[str, Any]
+    values: dict[str, dict[str, Expected]]            # id -> key -> Expected
+    provenance: dict[str, dict[str, Any]]             # id -> how its goldens were made (demo)
+
+
+@dataclass
+class Registry:
+    root: Path
+    results: dict[str, Result]
+    statuses: dict[str, str]
+    profiles: dict[str, dict[str, Any]]
+    classes: dict[str, dict[str, Any]]
+    defaults: dict[str, dict[str, dict[str, Any]]]
+    _expected: dict[str, ExpectedSet] = field(default_factory=dict)
+
+    def get(self, result_id: str) -> Result:
+        try:
+            return self.results[result_id]
+        except KeyError:
+            raise UserError(f"unknown result id {result_id!r} (registered: R-C1..R-C15, R-D0..R-D46)") from None
+
+    def expected(self, profile: str) -> ExpectedSet:
+        if profile not in self.profiles:
+            raise UserError(f"unknown profile {profile!r}; registry.yaml knows {', '.join(self.profiles)}")
+        if profile not in self._expected:
+            self._expected[profile] = load_expected(self, profile)
+        return self._expected[profile]
+
+    def registered_keys(self, result_id: str) -> list[str]:
+        """Every value key of a result over all profiles, in first-seen order."""
+        self.get(result_id)
+        keys: dict[str, None] = {}
+        for profile in self.profiles:
+            keys.update(dict.fromkeys(self.expected(profile).values.get(result_id, {})))
+        return list(keys)
+
+    def required_statuses(self, profile: str) -> list[str]:
+        """Statuses whose results a full check under `profile` must find reproduced."""
+        return list(self.profiles[profile].get("required_statuses", []))
+
+    def default_tolerance(self, classes: list[str], kind: str, *, where: str) -> Tolerance:
+        """The loosest default over the cited classes (noise sources only add)."""
+        absolute = relative = 0.0
+        bases = []
+        for cls in classes:
+            spec = self.defaults.get(cls, {}).get(kind)
+            if spec is None:
+                raise UserError(f"{where}: registry.yaml has no default tolerance for class {cls} kind {kind}")
+            absolute = max(absolute, float(spec.get("absolute", 0.0)))
+            relative = max(relative, float(spec.get("relative", 0.0)))
+            if spec.get("basis"):
+                bases.append(f"{cls}: {spec['basis']}")
+        return Tolerance(absolute=absolute, relative=relative, cls=",".join(classes), basis="; ".join(bases))
+
+
+def load_registry(root: str | Path = ".") -> Registry:
+    """Load and validate registry.yaml under `root`; every problem is one UserError line."""
+    root = Path(root)
+    path = root / REGISTRY_FILE
+    data = _load_yaml(path)
+    for section in ("statuses", "profiles", "nondeterminism_classes", "tolerance_defaults", "results"):
+        if not isinstance(data.get(section), dict):
+            raise UserError(f"{path}: missing mapping {section!r}")
+    statuses = data["statuses"]
+    results: dict[str, Result] = {}
+    raw_results = data["results"]
+    missing = [i for i in ALL_IDS if i not in raw_results]
+    extra = [i for i in raw_results if i not in ALL_IDS]
+    if missing or extra:
+        raise UserError(f"{path}: result ids must be exactly R-C1..R-C15, R-D0..R-D46"
+                        + (f"; missing {', '.join(missing)}" if missing else "")
+                        + (f"; unknown {', '.join(map(str, extra))}" if extra else ""))
+    for rid in ALL_IDS:
+        entry = raw_results[rid]
+        where = f"{path}: {rid}"
+        if not isinstance(entry, dict):
+            raise UserError(f"{where}: expected a mapping")
+        absent = [f for f in RESULT_FIELDS if f not in entry]
+        if absent:
+            raise UserError(f"{where}: missing field(s) {', '.join(absent)}")
+        if entry["status"] not in statuses:
+            raise UserError(f"{where}: status {entry['status']!r} not one of {', '.join(statuses)}")
+        if entry["stage"] != rid:
+            raise UserError(f"{where}: stage must be named exactly after the id, got {entry['stage']!r}")
+        bad = [c for c in entry["nondeterminism"] if c not in CLASSES]
+        if bad or not entry["nondeterminism"]:
+            raise UserError(f"{where}: nondeterminism classes must be among {', '.join(CLASSES)}, got {bad}")
+        unknown = [d for d in entry.get("depends_on", []) if d not in ALL_IDS]
+        if unknown:
+            raise UserError(f"{where}: depends_on names unknown id(s) {', '.join(unknown)}")
+        results[rid] = Result(
+            id=rid, group=str(entry["group"]), where=str(entry["where"]), claim=str(entry["claim"]),
+            data=list(entry["data"]), stage=entry["stage"], reader=str(entry["reader"]),
+            params=list(entry["params"]), seeds=str(entry["seeds"]), compute=dict(entry["compute"]),
+            nondeterminism=list(entry["nondeterminism"]), status=entry["status"],
+            status_note=str(entry.get("status_note", "")), tolerance_note=str(entry.get("tolerance_note", "")),
+            paper_readers=list(entry.get("paper_readers", [])),
+            caption_tables=list(entry.get("caption_tables", [])),
+            depends_on=list(entry.get("depends_on", [])))
+    defaults = data["tolerance_defaults"]
+    for cls in CLASSES:
+        if not isinstance(defaults.get(cls), dict) or any(k not in defaults[cls] for k in KINDS):
+            raise UserError(f"{path}: tolerance_defaults.{cls} must give a tolerance for every kind "
+                            f"({', '.join(KINDS)})")
+    return Registry(root=root, results=results, statuses=dict(statuses), profiles=dict(data["profiles"]),
+                    classes=dict(data["nondeterminism_classes"]), defaults=defaults)
+
+
+def expected_path(root: str | Path, profile: str) -> Path:
+    return Path(root) / EXPECTED_DIR / f"{profile}.yaml"
+
+
+def load_expected(registry: Registry, profile: str) -> ExpectedSet:
+    """Expected values of one profile; an absent file means none are recorded yet."""
+    path = expected_path(registry.root, profile)
+    if not path.exists():
+        return ExpectedSet(profile, {}, {}, {})
+    data = _load_yaml(path)
+    meta = data.get("meta") or {}
+    raw = data.get("expected") or {}
+    if not isinstance(raw, dict):
+        raise UserError(f"{path}: 'expected' must map result ids to values")
+    rounding = bool(meta.get("printed_rounding", False))
+    values: dict[str, dict[str, Expected]] = {}
+    for rid, keys in raw.items():
+        if rid not in registry.results:
+            raise UserError(f"{path}: unknown result id {rid!r}")
+        if not isinstance(keys, dict):
+            raise UserError(f"{path}: {rid}: expected a mapping of value keys")
+        result = registry.results[rid]
+        values[rid] = {}
+        for key, entry in keys.items():
+            values[rid][key] = _parse_expected(registry, result, key, entry, rounding=rounding,
+                                               where=f"{path}: {rid}.{key}")
+    provenance = data.get("provenance") or {}
+    return ExpectedSet(profile, dict(meta), values, dict(provenance))
+
+
+def _parse_expected(registry: Registry, result: Result, key: str, entry: Any, *, rounding: bool,
+                    where: str) -> Expected:
+    if not KEY_PATTERN.match(str(key)):
+        raise UserError(f"{where}: value keys are lower_snake_case identifiers")
+    if not isinstance(entry, dict) or "value" not in entry:
+        raise UserError(f"{where}: expected a mapping with 'value'")
+    value = entry["value"]
+    if flatten(value) is None:
+        raise UserError(f"{where}: value must be a number or a list of numbers, got {value!r}")
+    kind = entry.get("kind", "share")
+    if kind not in KINDS:
+        raise UserError(f"{where}: kind {kind!r} not one of {', '.join(KINDS)}")
+    cls = str(entry.get("class", ",".join(result.nondeterminism)))
+    classes = cls.split(",")
+    if any(c not in CLASSES for c in classes):
+        raise UserError(f"{where}: class {cls!r} must be among {', '.join(CLASSES)} (comma-separated)")
+    if "tolerance" in entry:
+        tol = Tolerance.from_spec(entry["tolerance"], cls_name=cls, where=where)
+    else:
+        tol = registry.default_tolerance(classes, kind, where=where)
+    if rounding and tol.interval is None and kind not in ("count", "discrete"):
+        # App. Q prints rounded numbers: widen by half a unit in the last printed digit.
+        half = printed_half_unit(value)
+        if half:
+            tol = Tolerance(absolute=round(tol.absolute + half, 12), relative=tol.relative, cls=tol.cls,
+                            basis=(tol.basis + "; " if tol.basis else "") + f"+{half:g} printed rounding")
+    return Expected(result_id=result.id, key=str(key), value=value, stat=str(entry.get("stat", "")),
+                    kind=kind, cls=cls, tolerance=tol, reported=dict(entry.get("reported") or {}))
+
+
+def _load_yaml(path: Path) -> dict[str, Any]:
+    if not path.exists():
+        raise UserError(f"{path}: no such file (run from the repository root)")
+    try:
+        with path.open(encoding="utf-8") as fh:
+            data = yaml.safe_load(fh)
+    except yaml.YAMLError as err:
+        mark = getattr(err, "problem_mark", None)
+        line = f" line {mark.line + 1}" if mark is not None else ""
+        raise UserError(f"{path}:{line} not valid YAML") from None
+    if not isinstance(data, dict):
+        raise UserError(f"{path}: expected a YAML mapping at top level")
+    return data

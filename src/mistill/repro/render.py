@@ -1,0 +1,250 @@
+r"""Rebuild the paper's tables and number macros from the numbers files.
+
+Every table is one jinja2 template in ``paper/templates/tables/`` that starts by
+declaring what it reads, ``{# reads: R-C3 #}``, and fetches each cell with
+``v("R-C3", "knockin_top40_p1")`` (``v(id, key, i)`` for element i of a list
+value).  It is rendered twice, as LaTeX (``tables/<name>.tex``) and as Markdown
+readable on a code host (``tables/<name>.md``), through the shared layout
+``_layout.j2``.  ``macros.tex`` holds one ``\newcommand`` per registered value.
+
+A cell whose number no numbers file holds shows ``??`` and is reported; in
+strict mode it is an error.  A template naming an id it did not declare, or a
+key the registry does not know, is an error in both modes.  Nothing is written
+until every output has rendered.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import jinja2
+
+from mistill.errors import UserError
+from mistill.io import atomic_open
+from mistill.repro.macros import macro_name
+from mistill.repro.numbers import NumbersFile, read_numbers
+from mistill.repro.registry import Registry
+
+MISSING = "??"
+READS_HEADER = re.compile(r"^\s*\{#\s*reads:\s*(?P<ids>[^#]*?)\s*#\}")
+FORMATS = ("tex", "md")
+DEFAULT_DIGITS = 3
+
+
+@dataclass(frozen=True)
+class Cell:
+    """One number of one result, or a visible gap."""
+
+    result_id: str
+    key: str
+    value: Any          # None when no numbers file holds it
+    digits: int
+
+
+@dataclass(frozen=True)
+class Joined:
+    """Cells and literal text shown together (mean ± sd, a value beside its floor)."""
+
+    parts: tuple[Any, ...]
+
+
+@dataclass
+class RenderReport:
+    outputs: dict[Path, str] = field(default_factory=dict)
+    missing: dict[str, list[str]] = field(default_factory=dict)    # output name -> "id.key" missing
+
+
+def load_numbers(registry: Registry, results_dir: str | Path, profile: str) -> dict[str, NumbersFile]:
+    """Every numbers file under `results_dir`; a malformed one or another profile's is an error."""
+    numbers = {}
+    results_dir = Path(results_dir)
+    for path in sorted(results_dir.glob("R-*.json")) if results_dir.is_dir() else []:
+        record = read_numbers(path, registry)
+        if record.profile != profile:
+            raise UserError(f"{path}: written under profile {record.profile!r}, rendering {profile!r}")
+        numbers[record.id] = record
+    return numbers
+
+
+def render_paper(registry: Registry, *, results_dir: str | Path, out_dir: str | Path,
+                 templates_dir: str | Path, profile: str, strict: bool = False) -> RenderReport:
+    """Render every table and macros.tex into memory, then write them atomically."""
+    numbers = load_numbers(registry, results_dir, profile)
+    digits = _printed_digits(registry)
+    templates_dir = Path(templates_dir)
+    tables_dir = templates_dir / "tables"
+    if not tables_dir.is_dir():
+        raise UserError(f"{tables_dir}: no templates directory")
+    env = jinja2.Environment(loader=jinja2.FileSystemLoader([str(tables_dir), str(templates_dir)]),
+                             undefined=jinja2.StrictUndefined, autoescape=False,
+                             trim_blocks=True, lstrip_blocks=True, keep_trailing_newline=True)
+    env.filters["cell"] = format_cell
+    env.globals["pm"] = lambda mean, sd: Joined((mean, " ± ", sd))
+    env.globals["floor"] = lambda value, floor_value: Joined((value, " (", floor_value, ")"))
+    env.globals["seeds"] = lambda *cells: Joined(tuple(_interleave(cells, " / ")))
+    report = RenderReport()
+    out_dir = Path(out_dir)
+
+    templates = sorted(p for p in tables_dir.glob("*.j2") if not p.name.startswith("_"))
+    if not templates:
+        raise UserError(f"{tables_dir}: no table templates (*.j2)")
+    for template_path in templates:
+        name = template_path.name[: -len(".j2")]
+        reads = _declared_reads(template_path, registry)
+        for fmt in FORMATS:
+            missing: list[str] = []
+            lookup = _lookup(registry, numbers, digits, reads, template_path.name, missing)
+            try:
+                text = env.get_template(template_path.name).render(v=lookup, fmt=fmt)
+            except jinja2.TemplateError as err:
+                line = f" line {err.lineno}" if getattr(err, "lineno", None) else ""
+                raise UserError(f"{template_path}:{line} {err.message}") from None
+            target = out_dir / "tables" / f"{name}.{fmt}"
+            report.outputs[target] = text
+            if missing:
+                report.missing[str(target.relative_to(out_dir))] = sorted(set(missing))
+
+    macros_text, macros_missing = render_macros(registry, numbers, digits)
+    report.outputs[out_dir / "macros.tex"] = macros_text
+    if macros_missing:
+        report.missing["macros.tex"] = macros_missing
+
+    if strict and report.missing:
+        first = next(iter(report.missing.items()))
+        total = len({m for ms in report.missing.values() for m in ms})
+        raise UserError(f"strict: {total} number(s) missing, e.g. {first[0]} needs {', '.join(first[1][:3])}"
+                        " (run their stages, or render without --strict)")
+    for path, text in report.outputs.items():
+        with atomic_open(path, "w", encoding="utf-8") as fh:
+            fh.write(text)
+    return report
+
+
+def render_macros(registry: Registry, numbers: dict[str, NumbersFile],
+                  digits: dict[tuple[str, str], int]) -> tuple[str, list[str]]:
+    r"""One ``\newcommand`` per registered value (and per element of a list value)."""
+    lines = ["% Generated by `mistill repro render` from results/*.json; do not edit.",
+             "% One command per registered value: \\<id><key>, digits spelled out; ?? = not reproduced."]
+    missing = []
+    for rid in registry.results:
+        for key in registry.registered_keys(rid):
+            record = numbers.get(rid)
+            value = record.values[key]["value"] if record and key in record.values else None
+            if value is None:
+                missing.append(f"{rid}.{key}")
+            cell = Cell(rid, key, value, digits.get((rid, key), DEFAULT_DIGITS))
+            lines.append(f"\\newcommand{{\\{macro_name(rid, key)}}}{{{format_cell(cell, 'tex')}}}")
+            if isinstance(value, list):
+                for i, element in enumerate(value):
+                    part = Cell(rid, key, element, cell.digits)
+                    lines.append(f"\\newcommand{{\\{macro_name(rid, key, i)}}}{{{format_cell(part, 'tex')}}}")
+    return "\n".join(lines) + "\n", missing
+
+
+def format_cell(item: Any, fmt: str) -> str:
+    """A cell, joined cells or literal text, formatted for LaTeX ('tex') or Markdown ('md')."""
+    if isinstance(item, Joined):
+        return "".join(format_cell(part, fmt) for part in item.parts)
+    if isinstance(item, Cell):
+        if item.value is None:
+            return MISSING
+        return _format_number(item.value, item.digits, fmt)
+    text = str(item)
+    if fmt == "tex":
+        text = re.sub(r"([%&_#])", r"\\\1", text)
+        text = text.replace("±", "$\\pm$").replace("–", "--").replace("×", "$\\times$")
+    else:
+        text = text.replace("|", "\\|")
+    return text
+
+
+def _format_number(value: Any, digits: int, fmt: str) -> str:
+    if isinstance(value, list):
+        return ", ".join(_format_number(v, digits, fmt) for v in value)
+    if isinstance(value, int):
+        text = str(value)
+    elif digits < 0:                      # p-values: two significant digits
+        text = f"{value:.2g}"
+    else:
+        text = f"{value:.{digits}f}"
+    if text.startswith("-"):
+        text = ("$-$" if fmt == "tex" else "−") + text[1:]
+    return text
+
+
+def _lookup(registry: Registry, numbers: dict[str, NumbersFile], digits: dict[tuple[str, str], int],
+            reads: list[str], template: str, missing: list[str]):
+    def v(result_id: str, key: str, index: int | None = None) -> Cell:
+        if result_id not in registry.results:
+            raise UserError(f"{template}: unknown result id {result_id!r}")
+        if result_id not in reads:
+            raise UserError(f"{template}: reads {result_id} without declaring it in its reads header")
+        if key not in registry.registered_keys(result_id):
+            raise UserError(f"{template}: {result_id} has no registered value key {key!r}")
+        record = numbers.get(result_id)
+        value = record.values[key]["value"] if record and key in record.values else None
+        if value is not None and index is not None:
+            if not isinstance(value, list) or not -len(value) <= index < len(value):
+                raise UserError(f"{template}: {result_id}.{key} has no element {index} (value {value!r})")
+            value = value[index]
+        if value is None:
+            missing.append(f"{result_id}.{key}")
+        return Cell(result_id, key, value, digits.get((result_id, key), DEFAULT_DIGITS))
+    return v
+
+
+def _declared_reads(path: Path, registry: Registry) -> list[str]:
+    text = path.read_text(encoding="utf-8")
+    match = READS_HEADER.match(text)
+    if not match:
+        raise UserError(f"{path}: a table template must start with {{# reads: R-.., R-.. #}}")
+    ids = [i for i in re.split(r"[\s,]+", match.group("ids")) if i]
+    unknown = [i for i in ids if i not in registry.results]
+    if unknown:
+        raise UserError(f"{path}: reads unknown result id(s) {', '.join(unknown)}")
+    return ids
+
+
+def _printed_digits(registry: Registry) -> dict[tuple[str, str], int]:
+    """Decimals the paper prints for each value (so rebuilt tables read like the paper's)."""
+    digits: dict[tuple[str, str], int] = {}
+    for profile in registry.profiles:
+        for rid, keys in registry.expected(profile).values.items():
+            for key, exp in keys.items():
+                if (rid, key) in digits:
+                    continue
+                if exp.kind == "p_value":
+                    digits[(rid, key)] = -1
+                    continue
+                elements = exp.value if isinstance(exp.value, list) else [exp.value]
+                decimals = [_decimals(x) for x in _flat(elements)]
+                # Trailing zeros are lost in transcription (0.130 -> 0.13): at least 2 decimals.
+                floats = any(isinstance(x, float) for x in _flat(elements))
+                digits[(rid, key)] = max([*decimals, 2 if floats else 0])
+    return digits
+
+
+def _flat(values: list) -> list:
+    out = []
+    for x in values:
+        out.extend(_flat(x) if isinstance(x, list) else [x])
+    return out
+
+
+def _decimals(x: Any) -> int:
+    if isinstance(x, int):
+        return 0
+    text = repr(float(x))
+    if "e" in text:
+        return DEFAULT_DIGITS
+    return len(text.split(".")[1].rstrip("0")) if "." in text else 0
+
+
+def _interleave(items, sep):
+    for i, item in enumerate(items):
+        if i:
+            yield sep
+        yield item

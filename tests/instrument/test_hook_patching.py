@@ -1,0 +1,174 @@
+"""The hook and the fast patch paths against the slow, obvious forward (App. C "The hook")."""
+
+from __future__ import annotations
+
+import torch
+
+from mistill.instrument.hook import HeadHook, Replacement, knock_in, mean_ablation, zeroing
+from mistill.instrument.margin import margin
+from mistill.instrument.patching import (
+    brute_force_logits,
+    forward_variants,
+    forward_variants_chunked,
+    one_head_per_variant,
+    prefill,
+)
+
+SEQ = 48
+
+
+def _ids(seed=0, n=SEQ, vocab=211):
+    g = torch.Generator().manual_seed(seed)
+    return torch.randint(0, vocab, (n,), generator=g).tolist()
+
+
+def test_no_intervention_is_identical_to_plain_forward(small_model):
+    ids = torch.tensor([_ids()])
+    with torch.no_grad():
+        plain = small_model(ids).logits
+        hook = HeadHook(small_model)
+        try:
+            hooked = small_model(ids).logits
+            empty = Replacement(torch.zeros(hook.n_layers, SEQ, hook.n_heads, dtype=torch.bool),
+                                torch.randn(hook.n_layers, hook.n_heads, hook.head_dim))
+            with hook.replacing(empty):
+                hooked_empty = small_model(ids).logits
+        finally:
+            hook.remove()
+    assert torch.equal(plain, hooked)
+    assert torch.equal(plain, hooked_empty)
+
+
+def test_zeroing_all_heads_of_a_layer_equals_zeroing_the_attention_output(small_model):
+    ids = torch.tensor([_ids(1)])
+    layer = 1
+    attn = small_model.model.layers[layer].self_attn
+
+    def zero_output(module, args, output):
+        return (torch.zeros_like(output[0]), *output[1:])
+
+    with torch.no_grad():
+        handle = attn.register_forward_hook(zero_output)
+        try:
+            reference = small_model(ids).logits
+        finally:
+            handle.remove()
+        hook = HeadHook(small_model)
+        try:
+            mask = torch.zeros(hook.n_layers, SEQ, hook.n_heads, dtype=torch.bool)
+            mask[layer] = True
+            with hook.replacing(zeroing(mask, hook.n_heads, hook.head_dim)):
+                zeroed = small_model(ids).logits
+            plain = small_model(ids).logits
+        finally:
+            hook.remove()
+    assert (zeroed - reference).abs().max() < 1e-6
+    assert (plain - reference).abs().max() > 1e-2  # the layer matters, so the test can fail
+
+
+def test_mean_is_the_average_head_output_over_the_prefill(small_model):
+    ids = _ids(2)
+    hook = HeadHook(small_model)
+    try:
+        pre = prefill(small_model, hook, ids)
+        with torch.no_grad(), hook.recording() as rec:
+            small_model(torch.tensor([ids]))
+    finally:
+        hook.remove()
+    expected = torch.stack([r[0].mean(0) for r in rec])
+    assert torch.allclose(pre.mu, expected, atol=1e-6)
+
+
+def test_cached_and_batched_patches_equal_brute_force_for_every_head(small_model):
+    """Every head mean-ablated at sampled positions: batched+cached == full forward, to 1e-5."""
+    ids = _ids(3)
+    target, competitors = 5, [7, 11, 13]
+    hook = HeadHook(small_model)
+    try:
+        pre = prefill(small_model, hook, ids, logit_positions=list(range(SEQ)))
+        heads = [(l, h) for l in range(hook.n_layers) for h in range(hook.n_heads)]
+        for q in (40, 23, 9):  # decreasing: the cache is only cropped
+            mask = one_head_per_variant(hook.n_layers, hook.n_heads, heads)
+            batched = forward_variants_chunked(small_model, hook, pre.cache, q, ids[q], mask, pre.mu,
+                                               max_batch=5)
+            single = forward_variants(small_model, hook, pre.cache, q, ids[q], None, 1)[0]
+            assert torch.allclose(single, pre.logits[q], atol=1e-5)
+            assert torch.allclose(batched[0], pre.logits[q], atol=1e-5)
+            effects = []
+            for b, (l, h) in enumerate(heads, start=1):
+                head_mask = torch.zeros(hook.n_layers, hook.n_heads, dtype=torch.bool)
+                head_mask[l, h] = True
+                brute = brute_force_logits(small_model, hook, ids[:q], ids[q], head_mask, pre.mu)
+                assert (batched[b] - brute).abs().max() < 1e-5, (q, l, h)
+                effects.append(float(margin(brute, target, competitors) - margin(batched[0], target, competitors)))
+            assert max(abs(e) for e in effects) > 1e-2  # the heads matter at these events
+    finally:
+        hook.remove()
+
+
+def test_knocking_in_all_heads_reproduces_the_clean_margin(small_model):
+    clean, donor = _ids(4), _ids(5)
+    target, competitors = 17, [19, 23]
+    hook = HeadHook(small_model)
+    try:
+        pre_c = prefill(small_model, hook, clean, logit_positions=list(range(SEQ)))
+        pre_d = prefill(small_model, hook, donor)
+        gaps = []
+        for q_c, q_d in ((45, 41), (30, 33), (12, 20)):
+            with hook.recording() as rec:
+                forward_variants(small_model, hook, pre_c.cache, q_c, clean[q_c], None, 1)
+            recorded = torch.stack([r[0, 0] for r in rec])  # [L, H, D] at q_c
+            everything = torch.ones(hook.n_layers, 2, hook.n_heads, dtype=torch.bool)
+            everything[:, 0] = False  # variant 0: the corrupted run, nothing knocked in
+            out = forward_variants(small_model, hook, pre_d.cache, q_d, clean[q_c],
+                                   knock_in(everything, recorded), 2)
+            m_clean = margin(pre_c.logits[q_c], target, competitors)
+            m_corr, m_all = margin(out, target, competitors)
+            assert abs(float(m_all - m_clean)) < 1e-4
+            gaps.append(abs(float(m_corr - m_clean)))
+            # the brute-force knock-in at the donor's position agrees
+            brute = brute_force_logits(small_model, hook, donor[:q_d], clean[q_c],
+                                       torch.ones(hook.n_layers, hook.n_heads, dtype=torch.bool), recorded)
+            assert torch.allclose(brute, out[1], atol=1e-5)
+        assert max(gaps) > 1e-2  # the donor context does change the margin
+    finally:
+        hook.remove()
+
+
+def test_batched_knock_in_of_head_subsets_equals_brute_force(small_model):
+    clean, donor = _ids(6), _ids(7)
+    hook = HeadHook(small_model)
+    try:
+        pre_c = prefill(small_model, hook, clean)
+        pre_d = prefill(small_model, hook, donor)
+        q_c, q_d = 30, 25
+        with hook.recording() as rec:
+            forward_variants(small_model, hook, pre_c.cache, q_c, clean[q_c], None, 1)
+        recorded = torch.stack([r[0, 0] for r in rec])
+        g = torch.Generator().manual_seed(0)
+        sets = torch.rand(hook.n_layers, 6, hook.n_heads, generator=g) < 0.4
+        out = forward_variants(small_model, hook, pre_d.cache, q_d, clean[q_c], knock_in(sets, recorded), 6)
+        for b in range(6):
+            brute = brute_force_logits(small_model, hook, donor[:q_d], clean[q_c], sets[:, b], recorded)
+            assert (out[b] - brute).abs().max() < 1e-5
+    finally:
+        hook.remove()
+
+
+def test_gradient_enabled_forward_reproduces_the_plain_margin(small_model):
+    ids = _ids(8)
+    hook = HeadHook(small_model)
+    try:
+        pre = prefill(small_model, hook, ids, logit_positions=list(range(SEQ)))
+        for mode in ("intact", "detached"):
+            from mistill.instrument.patching import crop_to
+            crop_to(pre.cache, 30)
+            with torch.enable_grad(), hook.gradient_leaves(mode):
+                out = small_model(input_ids=torch.tensor([[ids[30]]]), past_key_values=pre.cache, use_cache=True)
+            crop_to(pre.cache, 30)
+            assert torch.allclose(out.logits[0, -1].float(), pre.logits[30], atol=1e-5)
+        mean = mean_ablation(torch.zeros(hook.n_layers, 1, hook.n_heads, dtype=torch.bool), pre.mu)
+        again = forward_variants(small_model, hook, pre.cache, 30, ids[30], mean, 1)[0]
+        assert torch.allclose(again, pre.logits[30], atol=1e-5)
+    finally:
+        hook.remove()
