@@ -38,7 +38,8 @@ def test_intact_first_order_is_the_derivative_of_the_margin_along_the_ablation(s
     with hook.recording() as rec:
         forward_variants(model, hook, pre.cache, q, ids[q], None, 1)
     z = torch.stack([r[0, 0] for r in rec])  # [L, H, D]
-    eps = 1e-4
+    checked = []
+    eps = 1e-2  # RMSNorm runs in float32 even in a float64 model: a larger step beats its rounding
     for layer in range(hook.n_layers):
         for head in range(hook.n_heads):
             mask = torch.zeros(hook.n_layers, 2, hook.n_heads, dtype=torch.bool)
@@ -50,7 +51,9 @@ def test_intact_first_order_is_the_derivative_of_the_margin_along_the_ablation(s
             out = forward_variants(model, hook, pre.cache, q, ids[q], Replacement(mask, vals), 2)
             m_plus, m_minus = margin(out, TARGET, COMPETITORS)
             derivative = float(m_plus - m_minus) / (2 * eps)
-            assert abs(fo[layer, head] + derivative) < 1e-5 * max(1.0, abs(derivative)), (layer, head)
+            assert abs(fo[layer, head] + derivative) < 1e-4 + 1e-3 * abs(derivative), (layer, head)
+            checked.append(abs(derivative))
+    assert max(checked) > 1e-2  # some heads matter, so the comparison can fail
     last = hook.n_layers - 1
     # the last layer has no later attention: both leaves agree there; earlier layers lose paths when detached
     assert np.allclose(fo[last], fo_detached[last], atol=1e-9)
@@ -92,4 +95,4 @@ def test_fidelity_statistics_on_a_hand_made_case():
     assert out["top_k_overlap"] == 1.5  # {0,1} vs {0,1}; {1,2} vs {1,0}
     assert np.isclose(out["top_k_effect_recovered"], np.mean([1.0, 2.0 / 3.0]))
     assert np.isclose(out["pearson"], np.corrcoef(exact.ravel(), estimate.ravel())[0, 1])
-    assert out["heads_above_noise_per_event_min"] == 2 and out["heads_above_noise_per_event_max"] == 2
+    assert out["heads_above_noise_per_event_min"] == 2 and out["heads_above_noise_per_event_max"] == 3

@@ -35,8 +35,12 @@ def test_hand_worked_seed_matched_clustered_comparison():
     assert result.median_difference == pytest.approx(0.0, abs=1e-12)
     # pooled note pairs: 15 differences, 7 positive, 3 negative, 5 zero (descriptive only)
     assert result.per_note_difference[1] == 0.0 and result.per_note_difference[4] == 0.0
-    assert (result.pooled.n_note_pairs, result.pooled.n_positive, result.pooled.n_negative,
-            result.pooled.n_zero) == (15, 7, 3, 5)
+    assert (
+        result.pooled.n_note_pairs,
+        result.pooled.n_positive,
+        result.pooled.n_negative,
+        result.pooled.n_zero,
+    ) == (15, 7, 3, 5)
     assert [(p.arm_seed, p.reference_seed) for p in result.seed_pairs] == [(0, 0), (1, 1), (2, 2)]
     assert [(p.sign.n_positive, p.sign.n_negative) for p in result.seed_pairs] == [(2, 1), (3, 1), (2, 1)]
     expected = bootstrap_mean(result.per_note_difference, n_resamples=200, seed=0)

@@ -45,28 +45,31 @@ def test_spearman_with_ties_equals_pearson_of_average_ranks():
 
 def test_recurrence_matches_binomial_and_bonferroni():
     # 100 notes, 1,600 heads, each note's top-20 (the paper's setting). Head 0 is in every
-    # note's top-20, head 1 in 30 notes, head 2 in 6; the rest of each top-20 is drawn at random.
+    # note's top-20, head 1 in 30 notes, head 2 in 8, head 3 in 9; the rest of each top-20 is random.
     rng = np.random.default_rng(0)
     n_notes, n_heads = 100, 1600
     per_note = rng.uniform(0, 1, size=(n_notes, n_heads))
+    per_note[:, 1:4] = -1.0  # heads 1-3 only where planted
     per_note[:, 0] = 10.0
     per_note[:30, 1] = 10.0
-    per_note[:6, 2] = 10.0
+    per_note[:8, 2] = 10.0
+    per_note[10:19, 3] = 10.0
     result = recurrence_test(per_note, 20)
     independent_counts = np.zeros(n_heads, dtype=int)
     for row in per_note:
         independent_counts[np.argpartition(-row, 20)[:20]] += 1  # ties impossible with uniform draws
     np.testing.assert_array_equal(result.counts, independent_counts)
-    assert result.counts[:3].tolist() == [100, 30, 6]
+    assert result.counts[:4].tolist() == [100, 30, 8, 9]
     assert result.counts.sum() == 20 * n_notes
     np.testing.assert_allclose(result.p_value, stats.binom.sf(result.counts - 1, n_notes, 20 / n_heads))
     assert result.expected_count == pytest.approx(1.25)
-    # Bonferroni threshold 0.05 / 1600: head 0 and 1 pass; the smallest passing count is
+    # Bonferroni at 0.05 / 1600: the smallest count that passes is 9 notes
+    # (P(X >= 9) = 5.1e-6 <= 3.125e-5 < P(X >= 8) = 4.0e-5)
     threshold_count = next(c for c in range(101) if stats.binom.sf(c - 1, 100, 0.0125) <= 0.05 / 1600)
-    assert threshold_count == 7
+    assert threshold_count == 9
     expected_recurrent = set(np.flatnonzero(result.counts >= threshold_count))
     assert set(np.flatnonzero(result.corrected.rejected)) == expected_recurrent
-    assert {0, 1} <= expected_recurrent and 2 not in expected_recurrent
+    assert {0, 1, 3} <= expected_recurrent and 2 not in expected_recurrent
     assert result.n_recurrent == len(expected_recurrent)
 
 
@@ -104,7 +107,7 @@ def _brute_force_split(per_note, patients, seed, k):
     half_a = np.random.default_rng(seed).permutation(unique)[: unique.size // 2]
     in_a = np.isin(patients, half_a)
     a, b = per_note[in_a].mean(axis=0), per_note[~in_a].mean(axis=0)
-    top = lambda x: set(np.argsort(-x, kind="stable")[:k])  # noqa: E731
+    top = lambda x: set(np.argsort(-x, kind="stable")[:k])
     return stats.spearmanr(a, b).statistic, len(top(a) & top(b)), in_a
 
 

@@ -1,7 +1,6 @@
 """Benjamini-Hochberg and Bonferroni against hand-worked examples and a brute-force step-up."""
 
 import numpy as np
-import pytest
 from scipy import stats
 
 from mistill.stats.multiple import benjamini_hochberg, bonferroni, head_discoveries

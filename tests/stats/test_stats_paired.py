@@ -98,8 +98,6 @@ def test_paired_comparison_combines_the_tests():
     assert result.n == 150
     assert result.mean_difference.estimate == pytest.approx(np.mean(a - b))
     assert result.median_difference == pytest.approx(np.median(a - b))
-    assert result.wilcoxon.p_value == pytest.approx(
-        stats.wilcoxon(a - b, zero_method="wilcox").pvalue
-    )
+    assert result.wilcoxon.p_value == pytest.approx(stats.wilcoxon(a - b, zero_method="wilcox").pvalue)
     assert result.sign.n_positive == int((a > b).sum())
     assert result.mean_difference.low < result.mean_difference.estimate < result.mean_difference.high

@@ -206,7 +206,9 @@ def topk_kl(student_logits: torch.Tensor, teacher_top_ids: torch.Tensor,
     """
     log_ps = torch.log_softmax(student_logits.float(), dim=-1).gather(-1, teacher_top_ids)
     log_pt = torch.log_softmax(teacher_top_logprobs.detach().float(), dim=-1)  # renormalise over k
-    return (log_pt.exp() * (log_pt - log_ps)).sum(-1)
+    # ids the student's vocabulary lacks arrive as -inf: they carry no teacher mass (0 log 0 = 0)
+    terms = torch.where(torch.isfinite(log_pt), log_pt.exp() * (log_pt - log_ps), torch.zeros_like(log_ps))
+    return terms.sum(-1)
 
 
 def uld_distance(student_logits: torch.Tensor, teacher_top_logprobs: torch.Tensor) -> torch.Tensor:

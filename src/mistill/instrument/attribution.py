@@ -47,9 +47,10 @@ def first_order_importance(model, hook: HeadHook, cache, q: int, token_id: int, 
         m = margin(out.logits[0, -1], target_id, competitor_ids)
         grads = torch.autograd.grad(m, [leaf for _, leaf in leaves])
     crop_to(cache, q)
-    z = torch.stack([value[0, -1].float() for value, _ in leaves])  # [L, H, D]
-    g = torch.stack([grad[0, -1].float() for grad in grads])
-    importance = ((z - mu.to(z.device)) * g).sum(-1)  # = -A_h
+    z = torch.stack([value[0, -1] for value, _ in leaves])  # [L, H, D]
+    g = torch.stack([grad[0, -1] for grad in grads])
+    dtype = torch.float64 if z.dtype == torch.float64 else torch.float32
+    importance = ((z.to(dtype) - mu.to(z.device, dtype)) * g.to(dtype)).sum(-1)  # = -A_h
     return float(m.detach()), importance.cpu().numpy()
 
 

@@ -46,10 +46,6 @@ DECISION_KINDS = ("P1", "P2", "P2C")
 _DOTTED_CODE_SHAPE = re.compile(r"(?<![A-Za-z0-9.])[A-Z][0-9][0-9A-Z]\.[0-9A-Z]{1,4}(?![A-Za-z0-9])")
 
 
-class EventError(ValueError):
-    """A trace that cannot be turned into events (the note is skipped, with this message)."""
-
-
 @dataclass
 class Event:
     kind: str
@@ -88,6 +84,8 @@ class ExtractionReport:
     dropped_p1_no_variant: int = 0  # P1 whose spacing variant lacks a competitor letter
     skipped_p2_no_competitor: int = 0
     p2c_uncapped: int = 0
+    first_mentions: int = 0
+    first_mentions_sibling_of_earlier: int = 0  # App. C: 30% of first mentions in HD-001
     null_candidates: int = 0
 
 
@@ -102,6 +100,8 @@ class LetterVariants:
         if text not in self._cache:
             enc = self.tokenizer.encode(text)
             ok = len(enc.ids) == 1 and tuple(enc.offsets[0]) == (0, len(text))
+            # a compact demo vocabulary maps tokens it lacks to its unknown id: not a real token
+            ok = ok and enc.ids[0] != getattr(self.tokenizer, "unk_token_id", None)
             self._cache[text] = enc.ids[0] if ok else None
         return self._cache[text]
 
@@ -194,6 +194,9 @@ def extract_events(
         if m.code in seen_first:
             continue
         seen_first.add(m.code)
+        report.first_mentions += 1
+        report.first_mentions_sibling_of_earlier += any(
+            c != m.code and c[:3] == m.code[:3] for c in seen_first)
         # P1: the letter in its own spacing variant against every other inventory letter.
         variant = text[offsets[letter_tok][0]:m.start]
         comp = [variants.single_token_id(variant + L) for L in letters if L != m.code[0]]

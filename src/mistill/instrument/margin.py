@@ -16,9 +16,10 @@ import torch
 
 def margin_and_entropy(logits: torch.Tensor, target_id: int, competitor_ids: Sequence[int]
                        ) -> tuple[torch.Tensor, torch.Tensor]:
-    """`logits[..., V]` -> (margin[...], entropy[...]), both in float32; differentiable."""
+    """`logits[..., V]` -> (margin[...], entropy[...]), in float32 (float64 kept); differentiable."""
     index = torch.tensor([target_id, *competitor_ids], device=logits.device)
-    sel = logits.index_select(-1, index).float()
+    sel = logits.index_select(-1, index)
+    sel = sel if sel.dtype == torch.float64 else sel.float()
     margin = sel[..., 0] - torch.logsumexp(sel[..., 1:], dim=-1)
     logp = torch.log_softmax(sel, dim=-1)
     entropy = -(logp.exp() * logp).sum(-1)

@@ -103,6 +103,11 @@ class Prefill:
     length: int
 
 
+def _fp32(t: torch.Tensor) -> torch.Tensor:
+    """At least float32 (a float64 model keeps float64)."""
+    return t if t.dtype == torch.float64 else t.float()
+
+
 def _device(model) -> torch.device:
     return next(model.parameters()).device
 
@@ -116,7 +121,7 @@ def prefill(model, hook: HeadHook, input_ids: Sequence[int], *, reserve: int = 2
     keep = torch.as_tensor(list(logit_positions), device=ids.device) if logit_positions else 1
     with hook.accumulating_mean() as acc:
         out = model(input_ids=ids, past_key_values=cache, use_cache=True, logits_to_keep=keep)
-    logits = out.logits[0].float() if logit_positions else None
+    logits = _fp32(out.logits[0]) if logit_positions else None
     return Prefill(cache, acc["mu"], logits, ids.shape[1])
 
 
@@ -146,7 +151,7 @@ def forward_variants(model, hook: HeadHook, cache: Cache, q: int, token_id: int,
     with hook.replacing(replacement):
         out = model(input_ids=tokens, position_ids=positions, past_key_values=cache, use_cache=True, **kwargs)
     crop_to(cache, q)
-    return out.logits[0].float()
+    return _fp32(out.logits[0])
 
 
 def forward_variants_chunked(model, hook: HeadHook, cache: Cache, q: int, token_id: int,
@@ -176,7 +181,7 @@ def brute_force_logits(model, hook: HeadHook, context_ids: Sequence[int], token_
         replacement = Replacement(mask, values)
     with hook.replacing(replacement):
         out = model(input_ids=ids, use_cache=False, logits_to_keep=1)
-    return out.logits[0, -1].float()
+    return _fp32(out.logits[0, -1])
 
 
 def one_head_per_variant(n_layers: int, n_heads: int, heads: Sequence[tuple[int, int]],

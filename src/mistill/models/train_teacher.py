@@ -54,20 +54,45 @@ def make_example(tokenizer: Any, note_id: str, kind: str, prompt: str, completio
 
 
 def build_examples(tokenizer: Any, world: DemoWorld, notes: list[Note], *, seed: int,
-                   shortlist_share: float) -> list[TeacherExample]:
-    """One full-inventory example per note, plus a shortlist example for a `shortlist_share` of the
-    notes that have a shortlist (a seeded draw)."""
-    from mistill.models.scripted_traces import script_trace
-
+                   shortlist_share: float, shortlist_size: int) -> list[TeacherExample]:
+    """One full-inventory example per note, plus a shortlist example for a seeded `shortlist_share`
+    of the notes: over the note's RT-003 shortlist where it has one, else `sampled_shortlist`."""
     rng = random.Random(seed)
     examples = []
     for note in notes:
-        for kind in (FULL, SHORTLIST):
-            if kind == SHORTLIST and (note.note_id not in world.shortlists or rng.random() >= shortlist_share):
-                continue
-            trace = script_trace(note, world.candidates(note, kind), seed=seed)
-            examples.append(make_example(tokenizer, note.note_id, kind, world.prompt(note, kind), trace.completion))
+        examples.append(_example(tokenizer, note, FULL, world.candidates(note, FULL), seed))
+        if rng.random() >= shortlist_share:
+            continue
+        if note.note_id in world.shortlists:
+            candidates = world.candidates(note, SHORTLIST)
+        else:
+            candidates = sampled_shortlist(note, world.inventory, shortlist_size, rng)
+        examples.append(_example(tokenizer, note, SHORTLIST, candidates, seed))
     return examples
+
+
+def _example(tokenizer: Any, note: Note, kind: str, candidates: list, seed: int) -> TeacherExample:
+    from mistill.models.scripted_traces import script_trace
+    from mistill.world.inventory import format_line
+    from mistill.world.prompt import build_prompt
+
+    trace = script_trace(note, candidates, seed=seed)
+    prompt = build_prompt(note, [format_line(c) for c in candidates])
+    return make_example(tokenizer, note.note_id, kind, prompt, trace.completion)
+
+
+def sampled_shortlist(note: Note, inventory: Any, size: int, rng: random.Random, *, recall: float = 0.9) -> list:
+    """A shortlist-shaped candidate list for a training note the retriever never scored: each gold
+    code kept with probability `recall`, all category siblings of the kept codes (as RT-003 adds
+    siblings), then random inventory codes up to `size`; in the shared order (METHOD-GUIDE §2)."""
+    kept = [c for c in note.gold_codes if rng.random() < recall]
+    chosen = set(kept)
+    for code in kept:
+        chosen.update(inventory.siblings(code))
+    others = [c for c in inventory.codes if c not in chosen]
+    rng.shuffle(others)
+    chosen.update(others[:max(0, size - len(chosen))])
+    return list(inventory.restrict(chosen))
 
 
 def common_prefix_length(sequences: list[tuple[int, ...]]) -> int:

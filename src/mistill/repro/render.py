@@ -137,11 +137,21 @@ def render_macros(registry: Registry, numbers: dict[str, NumbersFile],
                 missing.append(f"{rid}.{key}")
             cell = Cell(rid, key, value, digits.get((rid, key), DEFAULT_DIGITS))
             lines.append(f"\\newcommand{{\\{macro_name(rid, key)}}}{{{format_cell(cell, 'tex')}}}")
-            if isinstance(value, list):
-                for i, element in enumerate(value):
-                    part = Cell(rid, key, element, cell.digits)
-                    lines.append(f"\\newcommand{{\\{macro_name(rid, key, i)}}}{{{format_cell(part, 'tex')}}}")
+            # Part macros follow the registered shape, so their names exist whether or not the value does.
+            for i in range(_registered_length(registry, rid, key)):
+                element = value[i] if isinstance(value, list) and i < len(value) else None
+                part = Cell(rid, key, element, cell.digits)
+                lines.append(f"\\newcommand{{\\{macro_name(rid, key, i)}}}{{{format_cell(part, 'tex')}}}")
     return "\n".join(lines) + "\n", missing
+
+
+def _registered_length(registry: Registry, result_id: str, key: str) -> int:
+    """Elements of a list value as registered (0 for a scalar)."""
+    for profile in registry.profiles:
+        exp = registry.expected(profile).values.get(result_id, {}).get(key)
+        if exp is not None:
+            return len(exp.value) if isinstance(exp.value, list) else 0
+    return 0
 
 
 def format_cell(item: Any, fmt: str) -> str:

@@ -35,7 +35,7 @@ class Tolerance:
     basis: str = ""            # why this size (the paper's figure it derives from)
 
     @classmethod
-    def from_spec(cls, spec: dict[str, Any], *, cls_name: str, where: str) -> "Tolerance":
+    def from_spec(cls, spec: dict[str, Any], *, cls_name: str, where: str) -> Tolerance:
         """Parse ``{absolute: a, relative: r}`` or ``{interval: [lo, hi]}`` (plus an optional basis)."""
         if not isinstance(spec, dict):
             raise UserError(f"{where}: tolerance must be a mapping, got {spec!r}")

@@ -6,6 +6,7 @@ clustered  note-clustered, seed-matched comparison of two arms
 multiple   Benjamini-Hochberg with signed discovery counts; Bonferroni; t-tests -> BH
 heads      recurrence, Spearman, top-k overlap, split-half stability, pooled weights, sparsity
 effects    knock-in recovery, necessity, gap recovered, medians over notes of per-note means
+config     StatsParams: the params.yaml `stats` section
 checks     input validation: bad input raises StatsInputError (a UserError and a ValueError)
 """
 
@@ -22,6 +23,7 @@ from mistill.stats.bootstrap import (
 )
 from mistill.stats.checks import StatsInputError, align_by_note
 from mistill.stats.clustered import mean_over_seeds, note_clustered_comparison
+from mistill.stats.config import StatsParams
 from mistill.stats.effects import (
     gap_recovered,
     knock_in_recovery,
@@ -42,11 +44,37 @@ from mistill.stats.multiple import benjamini_hochberg, bonferroni, head_discover
 from mistill.stats.paired import one_sample_t_tests, paired_comparison, sign_test, wilcoxon_signed_rank
 
 __all__ = [
-    "ColumnIntervals", "Interval", "NoteCounts", "StatsInputError", "align_by_note",
-    "benjamini_hochberg", "bonferroni", "bootstrap_column_means", "bootstrap_mean", "corpus_bootstrap",
-    "gap_recovered", "head_discoveries", "heads_carrying_share", "knock_in_recovery", "mean_of_note_means",
-    "mean_over_seeds", "median_of_note_means", "micro_f1", "necessity", "noise_floor",
-    "note_clustered_comparison", "one_sample_t_tests", "paired_bootstrap_mean_difference",
-    "paired_comparison", "paired_corpus_bootstrap_difference", "pooled_weights", "recurrence_test",
-    "sign_test", "spearman_over_heads", "split_half_stability", "top_k_overlap", "wilcoxon_signed_rank",
+    "ColumnIntervals",
+    "Interval",
+    "NoteCounts",
+    "StatsInputError",
+    "StatsParams",
+    "align_by_note",
+    "benjamini_hochberg",
+    "bonferroni",
+    "bootstrap_column_means",
+    "bootstrap_mean",
+    "corpus_bootstrap",
+    "gap_recovered",
+    "head_discoveries",
+    "heads_carrying_share",
+    "knock_in_recovery",
+    "mean_of_note_means",
+    "mean_over_seeds",
+    "median_of_note_means",
+    "micro_f1",
+    "necessity",
+    "noise_floor",
+    "note_clustered_comparison",
+    "one_sample_t_tests",
+    "paired_bootstrap_mean_difference",
+    "paired_comparison",
+    "paired_corpus_bootstrap_difference",
+    "pooled_weights",
+    "recurrence_test",
+    "sign_test",
+    "spearman_over_heads",
+    "split_half_stability",
+    "top_k_overlap",
+    "wilcoxon_signed_rank",
 ]

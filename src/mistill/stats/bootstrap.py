@@ -308,9 +308,7 @@ def paired_corpus_bootstrap_difference(
     seed = as_seed(seed)
     confidence = as_confidence(confidence)
     estimate = _pooled_metric(counts_a, metric) - _pooled_metric(counts_b, metric)
-    reps_a, reps_b = _resampled_metric(
-        [counts_a.matrix(), counts_b.matrix()], metric, n_resamples, seed
-    )
+    reps_a, reps_b = _resampled_metric([counts_a.matrix(), counts_b.matrix()], metric, n_resamples, seed)
     low, high = _percentiles(reps_a - reps_b, confidence)
     return Interval(
         estimate=estimate,

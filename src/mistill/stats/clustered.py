@@ -72,7 +72,9 @@ def matched_seed_pairs(arm_seeds, reference_seeds) -> list[tuple[int, int]]:
     if len(arm) == 1:
         return [(arm[0], s) for s in reference]
     if arm != reference:
-        raise StatsInputError(f"seed sets differ and neither side has one seed: arm {arm}, reference {reference}")
+        raise StatsInputError(
+            f"seed sets differ and neither side has one seed: arm {arm}, reference {reference}"
+        )
     return [(s, s) for s in arm]
 
 
@@ -131,7 +133,8 @@ def note_clustered_comparison(
         sign=sign_test(per_note),
         wilcoxon=wilcoxon_signed_rank(per_note),
         seed_pairs=tuple(
-            SeedPairResult(i, j, float(np.median(d)), sign_test(d)) for (i, j), d in zip(pairs, pair_differences)
+            SeedPairResult(i, j, float(np.median(d)), sign_test(d))
+            for (i, j), d in zip(pairs, pair_differences)
         ),
         pooled=PooledPairCounts(
             n_note_pairs=int(pair_differences.size),

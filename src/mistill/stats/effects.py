@@ -46,8 +46,9 @@ class NoteSummary:
 
 def gap_recovered(arm: float, base: float, teacher: float) -> float:
     """Share of the base-to-teacher gap an arm closes: (arm - base) / (teacher - base) (App. K)."""
-    arm, base, teacher = (float(as_values([x], name)[0]) for x, name in
-                          ((arm, "arm"), (base, "base"), (teacher, "teacher")))
+    arm, base, teacher = (
+        float(as_values([x], name)[0]) for x, name in ((arm, "arm"), (base, "base"), (teacher, "teacher"))
+    )
     if teacher == base:
         raise StatsInputError(f"teacher and base are equal ({teacher}); the gap is zero")
     return (arm - base) / (teacher - base)
@@ -92,7 +93,9 @@ def necessity(margin_clean, margin_ablated) -> np.ndarray:
     if clean.shape != ablated.shape:
         raise StatsInputError(f"margin arrays differ in length: clean {clean.size}, ablated {ablated.size}")
     if (clean == 0).any():
-        raise StatsInputError(f"{int((clean == 0).sum())} event(s) with a zero clean margin: necessity undefined")
+        raise StatsInputError(
+            f"{int((clean == 0).sum())} event(s) with a zero clean margin: necessity undefined"
+        )
     return (clean - ablated) / clean
 
 

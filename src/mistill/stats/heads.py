@@ -146,6 +146,8 @@ def split_half_stability(
         if as_count(k, "k") > values.shape[1]:
             raise StatsInputError(f"k = {k} exceeds the {values.shape[1]} heads")
     full = values.mean(axis=0)
+    if np.ptp(values, axis=1).max() == 0:
+        raise StatsInputError("per_note: every note is constant over heads; no ranking to compare")
     full_top = set(top_k(full, full_k).tolist())
     rng = np.random.default_rng(seed)
     rhos = np.empty(n_splits)
@@ -206,7 +208,9 @@ def pooled_weights(importance, k: int, *, ddof: int = 0) -> PooledWeights:
     else:
         logits = (chosen - chosen.max()) / tau  # shift for a stable softmax; weights unchanged
         weights = np.exp(logits) / np.exp(logits).sum()
-    return PooledWeights(heads=heads, importance=chosen, weights=weights, tau=tau, k=int(heads.size), ddof=ddof)
+    return PooledWeights(
+        heads=heads, importance=chosen, weights=weights, tau=tau, k=int(heads.size), ddof=ddof
+    )
 
 
 def noise_floor(split_half_differences, quantile: float = 95.0) -> float:

@@ -137,7 +137,9 @@ def one_sample_t_test(values, popmean: float = 0.0) -> TTests:
     return one_sample_t_tests(as_values(values, "values", min_rows=2)[:, None], popmean)
 
 
-def paired_comparison(a, b, *, n_resamples: int = 1000, seed: int, confidence: float = 0.95) -> PairedComparison:
+def paired_comparison(
+    a, b, *, n_resamples: int = 1000, seed: int, confidence: float = 0.95
+) -> PairedComparison:
     """Arm a against arm b on the same notes: mean difference with percentile bootstrap
     interval, median difference, two-sided Wilcoxon (zeros dropped) and sign test (App. K).
 

@@ -163,6 +163,75 @@ def cmd_corpora(args: argparse.Namespace) -> int:
     return 0
 
 
+# -- shortlists (RT-003)
+def cmd_shortlists(args: argparse.Namespace) -> int:
+    import numpy as np
+    from tqdm import tqdm
+
+    from mistill.world.inventory import load_inventory
+    from mistill.world.notes import load_notes
+    from mistill.world.shortlist import (Retriever, RetrieverConfig, build_shortlist, choose_k, macro_recall,
+                                         recall_sweep, retriever_training_notes)
+    from mistill.io import read_jsonl, write_jsonl
+
+    params = load_params()
+    start = time.perf_counter()
+    cfg = _world(params, "shortlist")
+    out_dir = data_dir(params)
+    out = out_dir / ("shortlists_rerun.jsonl" if args.rerun else "shortlists.jsonl")
+    stored = out_dir / "shortlists.jsonl"
+    if out == stored and stored.exists() and not args.regenerate:
+        # App. A: a re-run does not reproduce the stored shortlists exactly; never overwrite them silently.
+        raise UserError(f"{stored} exists; shortlists are stored, not regenerated "
+                        "(pass --regenerate to replace them, or --rerun to compare a re-run)")
+    inventory = load_inventory(out_dir / "inventory.jsonl")
+    pool = load_notes(out_dir / "notes.jsonl", inventory)
+    corpora = {name: load_notes(out_dir / f"{name}.jsonl", inventory)
+               for name in ("corpus_char", "dt_train", "dt_test")}
+    excluded = {n.patient_id for notes in corpora.values() for n in notes}
+    train = retriever_training_notes(pool, split=str(cfg["train_split"]), exclude_patients=excluded)
+    retriever = Retriever(inventory, RetrieverConfig.from_params(cfg)).fit(train)
+    targets = [n for notes in corpora.values() for n in notes]
+    rankings = {n.note_id: retriever.ranking(n) for n in tqdm(targets, desc="shortlists", unit="note")}
+    groups = {"validation": corpora["corpus_char"], "corpus": corpora["dt_train"] + corpora["dt_test"],
+              "test": corpora["dt_test"]}
+    sibling_top = int(cfg["sibling_top"])
+    sweep = recall_sweep(groups, rankings, inventory, k_grid=[int(k) for k in cfg["k_grid"]],
+                         sibling_top=sibling_top)
+    k, reached = choose_k(sweep, target=float(cfg["recall_target"]), groups=["validation", "corpus"])
+    n_ranked = max(20, sibling_top)
+    rows = [{"note_id": n.note_id,
+             "codes": build_shortlist(rankings[n.note_id], inventory, k=k, sibling_top=sibling_top),
+             "k": k, "ranked": rankings[n.note_id][:n_ranked]} for n in targets]
+    shortlists = {r["note_id"]: r["codes"] for r in rows}
+    report = {
+        "k": k, "sibling_top": sibling_top, "target_reached": reached,
+        "recall_target": float(cfg["recall_target"]),
+        "completed_recall": {g: macro_recall(notes, shortlists) for g, notes in groups.items()},
+        "shortlist_length": {"median": float(np.median([len(c) for c in shortlists.values()])),
+                             "max": max(len(c) for c in shortlists.values()),
+                             "inventory": len(inventory)},
+        "n_retriever_train_notes": len(train), "n_trained_codes": int(retriever.trained_codes.sum()),
+        "sweep": sweep,
+    }
+    if args.rerun and stored.exists():
+        previous = {r["note_id"]: r["codes"] for r in read_jsonl(stored)}
+        common = [i for i in shortlists if i in previous]
+        jaccard = [len(set(shortlists[i]) & set(previous[i])) / len(set(shortlists[i]) | set(previous[i]))
+                   for i in common]
+        report["rerun"] = {"n_notes": len(common),
+                           "exact_match": sum(shortlists[i] == previous[i] for i in common),
+                           "median_jaccard": float(np.median(jaccard)) if jaccard else None}
+    report["seconds"] = round(time.perf_counter() - start, 3)
+    report["provenance"] = provenance({"world.shortlist": cfg}, None, profile=params["profile"])
+    write_jsonl(out, rows)
+    write_json(out.with_name(out.stem + "_recall.json"), report)
+    print(f"{out}: {len(rows)} shortlists, K={k} (+ siblings of top {sibling_top}), completed recall "
+          + ", ".join(f"{g} {v:.3f}" for g, v in report["completed_recall"].items())
+          + f", median length {report['shortlist_length']['median']:.0f} ({report['seconds']:.1f}s)")
+    return 0
+
+
 def register(subparsers: argparse._SubParsersAction) -> None:
     sub = subparsers.add_parser("inventory", help="the inventory in the shared order -> data/inventory.jsonl")
     sub.set_defaults(func=cmd_inventory)
@@ -171,3 +240,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     sub = subparsers.add_parser("corpora", help="characterization and distillation corpora (App. A) -> "
                                 "data/corpus_char.jsonl, dt_train.jsonl, dt_test.jsonl, corpus_report.json")
     sub.set_defaults(func=cmd_corpora)
+    sub = subparsers.add_parser("shortlists", help="RT-003 shortlists of every corpus note -> "
+                                "data/shortlists.jsonl, shortlists_recall.json")
+    group = sub.add_mutually_exclusive_group()
+    group.add_argument("--regenerate", action="store_true", help="replace stored shortlists")
+    group.add_argument("--rerun", action="store_true",
+                       help="write shortlists_rerun.jsonl and compare it with the stored shortlists")
+    sub.set_defaults(func=cmd_shortlists)

@@ -1,0 +1,63 @@
+"""Sessions: `nox -s tests | slow | check_tolerances | paper | repro | bench | lint`.
+
+Every session runs in the active environment (no virtualenv of its own, no
+network): set it up once with `pip install -e '.[dev]'`.  Arguments after `--`
+pass through, e.g. `nox -s check_tolerances -- R-D6`.
+"""
+
+from __future__ import annotations
+
+import glob
+
+import nox
+
+nox.options.default_venv_backend = "none"
+nox.options.sessions = ["tests"]
+
+
+@nox.session
+def tests(session: nox.Session) -> None:
+    """The fast suite (pyproject's addopts exclude slow and gpu tests)."""
+    session.run("pytest", *session.posargs)
+
+
+@nox.session
+def slow(session: nox.Session) -> None:
+    """Only the slow tests (simulations, demo training)."""
+    session.run("pytest", "-m", "slow", *session.posargs)
+
+
+@nox.session
+def check_tolerances(session: nox.Session) -> None:
+    """Every numbers file against its profile's expected values; `-- R-D6 ...` restricts to ids."""
+    session.run("mistill", "repro", "check", *session.posargs)
+
+
+@nox.session
+def paper(session: nox.Session) -> None:
+    """Rebuild paper/build (tables and macros) from results/; `-- --strict` fails on a missing number."""
+    session.run("mistill", "repro", "render", *session.posargs)
+
+
+@nox.session
+def repro(session: nox.Session) -> None:
+    """The demo end to end: `dvc repro` (all stages or the ids given), then the checks, then the paper."""
+    ids = list(session.posargs)
+    session.run("dvc", "repro", *ids)
+    session.run("mistill", "repro", "check", *ids)
+    session.run("mistill", "repro", "render")
+
+
+@nox.session
+def bench(session: nox.Session) -> None:
+    """Every benchmarks/bench_*.py, one after another."""
+    scripts = sorted(glob.glob("benchmarks/bench_*.py"))
+    if not scripts:
+        session.log("no benchmarks/bench_*.py yet")
+    for script in scripts:
+        session.run("python", script, *session.posargs)
+
+
+@nox.session
+def lint(session: nox.Session) -> None:
+    session.run("ruff", "check", "src", "tests", "readers", "tools", "noxfile.py", *session.posargs)

@@ -1,0 +1,65 @@
+"""R-C2 (Table 8): attribution fidelity against exact patching, the noise floor, the hook validation
+and the NULL calibration checks."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from mistill.instrument.readout import active_params, emit, instrument_dir, load_json, reader_args, value
+from mistill.io import read_jsonl
+
+
+def main() -> int:
+    args = reader_args(__doc__.splitlines()[0])
+    params = active_params(args.profile)
+    out = instrument_dir(params)
+    st = load_json(out / "selftest.json")
+    cal = load_json(out / "calibration.json")
+    sa, ca = out / "selftest.json", out / "calibration.json"
+    k = st["top_k"]
+    v = {
+        "attr_vs_exact_corr_detached_hook": value(st["detached"]["pearson"], "Pearson over all heads x events", sa),
+        "attr_vs_exact_corr_intact_graph": value(st["intact"]["pearson"], "Pearson over all heads x events", sa),
+        "attr_vs_exact_corr_detached_above_noise": value(st["detached"]["pearson_above_noise"],
+                                                         "Pearson over heads above the noise floor", sa),
+        "attr_vs_exact_corr_intact_above_noise": value(st["intact"]["pearson_above_noise"],
+                                                       "Pearson over heads above the noise floor", sa),
+        "forward_margin_noise_sd": value(st["forward_margin_noise_sd"], "nats, s.d. of identical forwards", sa),
+        "forward_noise_range": value(st["forward_noise_range"], "nats, range of identical forwards", sa),
+        "single_head_detection_floor": value(st["single_head_detection_floor"], "nats (3 s.d.)", sa),
+        "intact_spearman": value(st["intact"]["spearman"], "Spearman over all heads x events", sa),
+        "detached_spearman": value(st["detached"]["spearman"], "Spearman over all heads x events", sa),
+        f"detached_top{k}_effect_recovered": value(100 * st["detached"]["top_k_effect_recovered"],
+                                                   f"percent of the exact top-{k} effect", sa),
+        f"intact_top{k}_effect_recovered": value(100 * st["intact"]["top_k_effect_recovered"],
+                                                 f"percent of the exact top-{k} effect", sa),
+        f"intact_top{k}_overlap_with_exact": value(st["intact"]["top_k_overlap"], f"mean count of {k}", sa),
+        "heads_above_noise_per_event": value([st["intact"]["heads_above_noise_per_event_min"],
+                                              st["intact"]["heads_above_noise_per_event_max"]],
+                                             "range of counts over events", sa),
+    }
+    if "null_raw_bh_positive" in cal:
+        v["null_bh_positive_heads_raw"] = value(cal["null_raw_bh_positive"], "count (BH, raw NULL I)", ca)
+        v["null_bh_negative_heads_raw"] = value(cal["null_raw_bh_negative"], "count (BH, raw NULL I)", ca)
+    if "split_half_null_discoveries" in cal:
+        v["ic_split_half_null_discoveries"] = value(cal["split_half_null_discoveries"],
+                                                    "count (BH, NULL half A - half B)", ca)
+    if "null_top_mean_effect" in cal:
+        kk = cal["null_top_mean_effect"]["k"]
+        v[f"null_top{kk}_mean_effect"] = value(cal["null_top_mean_effect"]["value"], "nats", ca)
+    if "raw_vs_null_ranking_spearman" in cal:
+        v["raw_vs_null_ranking_spearman"] = value(cal["raw_vs_null_ranking_spearman"], "Spearman", ca)
+    # the hook validation: every head knocked in returns the clean margin (Sec. 2.3)
+    diffs = [r["margin_all"] - r["margin_clean"] for p in sorted(out.glob("*/patch2.jsonl"))
+             for r in read_jsonl(p) if r.get("margin_all") is not None]
+    if diffs:
+        pa = out / "<note>/patch2.jsonl"
+        v["all_heads_knockin_minus_clean_margin"] = value(float(np.median(diffs)), "nats, median difference", pa)
+        v["all_heads_knockin_minus_clean_max_abs"] = value(float(np.max(np.abs(diffs))), "nats, max |diff|", pa)
+    emit("R-C2", v, reader="readers/r_c2.py", inputs=[sa, ca, *sorted(out.glob("*/patch2.jsonl"))],
+         params=params, strict=args.strict)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,204 @@
+"""The training arms under one trainer (App. J.2): Vanilla CoT-KD and Mistill.
+
+* Vanilla CoT-KD: L_CoT alone = token cross-entropy on the teacher trace + lambda_KL (= 1) times the
+  KL from the teacher's stored top-32 distribution (ULD instead when the student's tokenization of
+  the trace is not the teacher's, as for SmolLM3-3B).
+* Mistill: L_CoT + lambda_P1 (attention + interaction at P1 rows) + lambda_P2 (the same at P2 and
+  at P2C rows), Eq. F of mistill.distill.objective; `terms` / `write_norm` keep the removed write term.
+
+`NoteBatch` holds one note's student inputs and its aligned teacher targets; `note_loss` is the
+only place that wires a forward pass to the pure loss functions.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+
+import numpy as np
+import torch
+from torch.utils.checkpoint import checkpoint
+
+from mistill.distill import buckets as bk
+from mistill.distill import objective as obj
+from mistill.distill.mechanism import NoteView, mechanism, note_view
+from mistill.distill.pooled_attention import LayerInputCapture
+from mistill.distill.pools import Pool
+from mistill.errors import UserError
+
+ARMS = ("vanilla", "mistill")
+
+
+@dataclass
+class ArmConfig:
+    arm: str = "mistill"
+    lambda_p1: float = 0.1
+    lambda_p2: float = 0.1
+    terms: tuple[str, ...] = ("attn", "inter")
+    write_norm: bool = False
+    window: int = 8
+    kl_weight: float = 1.0
+    eps: float = 1e-6
+    logit_chunk: int = 1024
+    row_chunk: int = 256
+
+    def __post_init__(self):
+        if self.arm not in ARMS:
+            raise UserError(f"unknown arm {self.arm!r}; known: {', '.join(ARMS)}")
+        unknown = set(self.terms) - obj.ALL_TERMS
+        if unknown:
+            raise UserError(f"unknown --terms {sorted(unknown)}; known: {sorted(obj.ALL_TERMS)}")
+
+    def as_dict(self) -> dict:
+        return asdict(self)
+
+
+@dataclass
+class NoteBatch:
+    note_id: str
+    ids: torch.Tensor                     # [T]
+    labels: torch.Tensor                  # [T], -100 outside the completion; label t is token t+1
+    top_ids: torch.Tensor | None          # [T, k] in the student's vocabulary (KL) or None
+    top_logprobs: torch.Tensor | None     # [T, k]
+    uld: bool
+    view: NoteView | None = None
+    events: list[dict] = field(default_factory=list)
+    teacher: dict = field(default_factory=dict)   # phase -> arrays; "window" -> arrays
+
+
+def _map_top_ids(top_ids: np.ndarray, top_logp: np.ndarray, teacher_tok, student_tok):
+    """Teacher top-k ids -> the student's ids for the same token text; unmapped entries get -inf."""
+    mapping: dict[int, int | None] = {}
+    for tid in np.unique(top_ids):
+        ids = student_tok.encode(teacher_tok.decode([int(tid)])).ids
+        mapping[int(tid)] = ids[0] if len(ids) == 1 else None
+    sid = np.vectorize(lambda t: -1 if mapping[int(t)] is None else mapping[int(t)])(top_ids)
+    logp = np.where(sid >= 0, top_logp, -np.inf).astype(np.float32)
+    return np.where(sid >= 0, sid, 0).astype(np.int64), logp
+
+
+def prepare_note(meta: dict, arrays: dict, student_tok, teacher_tok, arm: ArmConfig) -> NoteBatch:
+    """The student's view of one note's teacher targets; refuses a note the student cannot be trained on."""
+    note_id = meta["note_id"]
+    axis = bk.build_axis(meta["prompt"], meta["completion"])
+    view = note_view(student_tok, axis, meta["events"], meta["competitors"])
+    ids = torch.tensor(view.ids)
+    labels = torch.full_like(ids, -100)
+    first = view.completion_token
+    if first >= len(view.ids):
+        raise UserError(f"note {note_id}: the student's tokenization leaves no completion tokens")
+    labels[first - 1:-1] = ids[first:]
+    student_offsets = np.asarray([(s - view.completion_at, e - view.completion_at) for s, e in view.offsets[first:]])
+    same = student_offsets.shape == arrays["completion_offsets"].shape and \
+        bool((student_offsets == arrays["completion_offsets"]).all())
+    top_ids = top_logp = None
+    T, k = len(view.ids), arrays["top_ids"].shape[1]
+    full_ids = np.zeros((T, k), dtype=np.int64)
+    full_logp = np.full((T, k), -np.log(k), dtype=np.float32)
+    if same:
+        sid, slogp = _map_top_ids(arrays["top_ids"], arrays["top_logprobs"], teacher_tok, student_tok)
+        full_ids[first - 1:T - 1], full_logp[first - 1:T - 1] = sid, slogp
+    else:
+        # ULD pairs the teacher's and the student's completion tokens by index, truncated to the shorter
+        n = min(T - first, arrays["top_logprobs"].shape[0])
+        full_logp[first - 1:first - 1 + n] = arrays["top_logprobs"][:n]
+        labels_uld = labels.clone()
+        labels_uld[first - 1 + n:] = -100
+        labels = labels_uld if n < T - first else labels
+    top_ids, top_logp = torch.from_numpy(full_ids), torch.from_numpy(full_logp)
+    batch = NoteBatch(note_id, ids, labels, top_ids, top_logp, uld=not same)
+    if arm.arm == "mistill":
+        if not view.realized:
+            raise UserError(f"note {note_id}: the student's tokenizer ({getattr(student_tok, 'name', '?')}) "
+                            "realises none of the note's teacher events; nothing to supervise")
+        batch.view, batch.events = view, meta["events"]
+        batch.teacher = {p: {k2: arrays[f"{p}_{k2}"] for k2 in ("rows", "m", "c", "event_index")}
+                         for p in ("P1", "P2", "P2C") if f"{p}_rows" in arrays}
+        if "window_rows" in arrays:
+            batch.teacher["window"] = {k2: arrays[f"window_{k2}"] for k2 in ("rows", "event_index", "distance")}
+    return batch
+
+
+def cot_loss(model, hidden: torch.Tensor, batch: NoteBatch, arm: ArmConfig) -> tuple[torch.Tensor, dict]:
+    """L_CoT over the trace tokens, vocabulary logits computed chunk by chunk under checkpointing."""
+    device = hidden.device
+    scored = torch.nonzero(batch.labels != -100).flatten()
+    ce_total, kl_total, n_total = hidden.new_zeros((), dtype=torch.float32), hidden.new_zeros((), dtype=torch.float32), 0
+    kl_weight = arm.kl_weight if batch.top_logprobs is not None else 0.0
+    for start in range(0, len(scored), arm.logit_chunk):
+        pos = scored[start:start + arm.logit_chunk].to(device)
+        labels = batch.labels.to(device)[pos]
+        t_ids = batch.top_ids.to(device)[pos]
+        t_logp = batch.top_logprobs.to(device)[pos]
+
+        def chunk_loss(h, labels=labels, t_ids=t_ids, t_logp=t_logp):
+            logits = model.lm_head(h)
+            ce, kl, _ = obj.cot_loss_sums(logits, labels, t_ids, t_logp, kl_weight=kl_weight, uld=batch.uld)
+            return ce, kl
+
+        h = hidden.index_select(0, pos)
+        ce, kl = checkpoint(chunk_loss, h, use_reentrant=False) if torch.is_grad_enabled() else chunk_loss(h)
+        ce_total, kl_total, n_total = ce_total + ce, kl_total + kl, n_total + len(pos)
+    n = max(n_total, 1)
+    ce, kl = ce_total / n, kl_total / n
+    return ce + kl, {"ce": float(ce.detach()), "kl": float(kl.detach()), "tokens": n_total}
+
+
+def _align(student_index: torch.Tensor, teacher_index: np.ndarray):
+    """Positions in the student's and teacher's arrays of the events both hold, in student order."""
+    where = {int(e): i for i, e in enumerate(teacher_index)}
+    pairs = [(i, where[int(e)]) for i, e in enumerate(student_index.tolist()) if int(e) in where]
+    return [p[0] for p in pairs], [p[1] for p in pairs]
+
+
+def mechanism_terms(model, capture: LayerInputCapture, batch: NoteBatch, pools: dict[str, Pool], arm: ArmConfig):
+    """Per-phase objective terms for one note after a forward that ran with `capture` active."""
+    mech = mechanism(model, batch.view, batch.events, capture, pools, pools["P1"], arm.window,
+                     row_chunk=arm.row_chunk)
+    device = next(model.parameters()).device
+    per_phase: dict[str, dict[str, torch.Tensor]] = {}
+    for phase in ("P1", "P2", "P2C"):
+        s, t = mech[phase], batch.teacher.get(phase)
+        if s is None or t is None:
+            continue
+        si, ti = _align(s["event_index"], t["event_index"])
+        if not si:
+            continue
+        s_rows, t_rows = s["rows"][si], torch.from_numpy(t["rows"][ti]).to(device)
+        if phase == "P1" and mech["window"] is not None and "window" in batch.teacher:
+            sw, tw = mech["window"], batch.teacher["window"]
+            t_key = {(int(e), int(d)): i for i, (e, d) in enumerate(zip(tw["event_index"], tw["distance"]))}
+            pairs = [(i, t_key[(int(e), int(d))]) for i, (e, d) in
+                     enumerate(zip(sw["event_index"].tolist(), sw["distance"].tolist())) if (int(e), int(d)) in t_key]
+            if pairs:
+                s_rows = torch.cat([s_rows, sw["rows"][[p[0] for p in pairs]]])
+                t_rows = torch.cat([t_rows, torch.from_numpy(tw["rows"][[p[1] for p in pairs]]).to(device)])
+        per_phase[phase] = obj.phase_loss(
+            teacher_rows=t_rows, student_rows=s_rows,
+            m_teacher=torch.from_numpy(t["m"][ti]).to(device), c_teacher=torch.from_numpy(t["c"][ti]).to(device),
+            m_student=s["m"][si], c_student=s["c"][si], terms=arm.terms, write_norm=arm.write_norm, eps=arm.eps)
+    return per_phase
+
+
+def note_loss(model, batch: NoteBatch, arm: ArmConfig, pools: dict[str, Pool] | None = None,
+              capture: LayerInputCapture | None = None) -> tuple[torch.Tensor, dict]:
+    """One note's loss under the arm, and a log of its pieces."""
+    device = next(model.parameters()).device
+    ids = batch.ids.to(device)[None]
+    if capture is not None:
+        capture.start()
+    try:
+        hidden = model.model(input_ids=ids).last_hidden_state[0]
+    finally:
+        if capture is not None:
+            capture.stop()
+    cot, log = cot_loss(model, hidden, batch, arm)
+    if arm.arm == "vanilla":
+        return cot, {"loss": float(cot.detach()), "cot": float(cot.detach()), **log}
+    per_phase = mechanism_terms(model, capture, batch, pools, arm)
+    total = obj.mistill_loss(cot, per_phase, arm.lambda_p1, arm.lambda_p2)
+    log.update({"loss": float(total.detach()), "cot": float(cot.detach())})
+    for phase, terms in per_phase.items():
+        for name, value in terms.items():
+            log[f"{phase}_{name}"] = float(value.detach())
+    log["attn"] = sum(v for k, v in log.items() if k.endswith("_attn"))
+    return total, log

@@ -1,0 +1,150 @@
+"""`mistill distill targets | train`: the teacher precompute and the training arms (App. I, J.2)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from mistill.errors import UserError
+
+
+def _params():
+    from mistill.params import load_params
+
+    return load_params()
+
+
+def _load_traces(path: Path, train_ids: set[str] | None) -> list[dict]:
+    from mistill.io import read_jsonl
+
+    if not path.exists():
+        raise UserError(f"{path}: no teacher traces (run the models team's trace stage first)")
+    rows = read_jsonl(path)
+    for row in rows:
+        if not {"note_id", "prompt", "completion"} <= set(row):
+            raise UserError(f"{path}: trace rows need note_id, prompt and completion")
+    return [r for r in rows if train_ids is None or r["note_id"] in train_ids]
+
+
+def _train_ids(path: Path) -> set[str]:
+    from mistill.world.notes import load_notes
+
+    return {n.note_id for n in load_notes(path)}
+
+
+def cmd_targets(args) -> int:
+    import torch
+
+    from mistill.distill import pools as pl
+    from mistill.distill.targets import compute_targets
+    from mistill.io import provenance
+    from mistill.models.loading import load_model
+
+    params = _params()
+    cfg = params["distill"]
+    torch.manual_seed(0)
+    teacher_spec = args.teacher or params["models"]["teacher"]
+    model, tokenizer = load_model(teacher_spec, attn_implementation="sdpa")
+    head_sets = pl.load_head_sets(args.head_sets or cfg["teacher_head_sets"])
+    k = int(cfg["pool_k"]["teacher"])
+    pools = pl.build_pools(head_sets, k, source="teacher head sets")
+    prose = pl.build_pool(head_sets, "prose", k, source="teacher head sets") if cfg["window"] > 0 else None
+    traces = _load_traces(Path(args.traces or cfg["traces"]), _train_ids(Path(args.notes or cfg["train_notes"])))
+    if not traces:
+        raise UserError("no teacher traces for the training notes")
+    manifest = compute_targets(model, tokenizer, traces, Path(args.events_dir or cfg["events_dir"]),
+                               Path(args.out or cfg["targets_dir"]), pools, prose, window=int(cfg["window"]),
+                               topk=int(cfg["topk"]), teacher_id=str(teacher_spec),
+                               provenance=provenance({"distill": cfg}, seed=None))
+    print(f"teacher targets: {len(manifest['notes'])} notes, {len(manifest['skipped'])} skipped -> "
+          f"{args.out or cfg['targets_dir']}")
+    return 0
+
+
+def cmd_train(args) -> int:
+    import torch
+
+    from mistill.distill import arms, pools as pl
+    from mistill.distill.targets import check_teacher, read_note_targets, teacher_fingerprint
+    from mistill.distill.trainer import TrainConfig, Trainer
+    from mistill.io import provenance
+    from mistill.models.loading import load_model
+
+    params = _params()
+    cfg = params["distill"]
+    student_key = args.student
+    student_spec = params["models"].get(student_key, student_key)
+    precision = args.precision or cfg["precision"][args.arm]
+    seed = int(args.seed if args.seed is not None else cfg["seeds"][0])
+    targets_dir = Path(args.targets or cfg["targets_dir"])
+    teacher_spec = args.teacher or params["models"]["teacher"]
+    teacher_model, teacher_tok = load_model(teacher_spec)
+    manifest = check_teacher(targets_dir / "manifest.json", teacher_fingerprint(teacher_model), str(teacher_spec))
+    del teacher_model
+    torch.manual_seed(seed)
+    student, student_tok = load_model(student_spec, attn_implementation="sdpa")
+    terms = tuple(t.strip() for t in (args.terms or ",".join(cfg["terms"])).split(",") if t.strip())
+    arm = arms.ArmConfig(arm=args.arm, lambda_p1=float(args.lambda_p1 if args.lambda_p1 is not None else cfg["lambda_p1"]),
+                         lambda_p2=float(args.lambda_p2 if args.lambda_p2 is not None else cfg["lambda_p2"]),
+                         terms=terms, write_norm=bool(args.write_norm or cfg["write_norm"]),
+                         window=int(args.window if args.window is not None else cfg["window"]))
+    pools = None
+    if args.arm == "mistill":
+        hs_path = args.head_sets or cfg["student_head_sets"].get(student_key)
+        if not hs_path:
+            raise UserError(f"no student head sets for {student_key!r} (params distill.student_head_sets)")
+        head_sets = pl.load_head_sets(hs_path)
+        pools = pl.build_pools(head_sets, int(args.k or cfg["pool_k"]["student"]), mode=args.heads or cfg["heads"],
+                               pool_seed=int(cfg["pool_seed"] if args.pool_seed is None else args.pool_seed),
+                               source=str(hs_path))
+    notes = []
+    for note_id in manifest["notes"]:
+        meta, arrays = read_note_targets(targets_dir / f"{note_id}.npz")
+        notes.append(arms.prepare_note(meta, arrays, student_tok, teacher_tok, arm))
+    tc = cfg["train"]
+    train_cfg = TrainConfig(epochs=int(tc["epochs"]), batch=int(tc["batch"]), lr=float(args.lr or tc["lr"]),
+                            warmup_frac=float(tc["warmup_frac"]), clip=float(tc["clip"]), precision=precision,
+                            seed=seed, gradient_checkpointing=bool(tc["gradient_checkpointing"]))
+    campaign = "DT-001" if args.arm == "mistill" else "DT-000"
+    out = Path(args.out) if args.out else Path(cfg["runs_dir"]) / campaign / \
+        f"{Path(str(student_spec)).name}-{args.arm}-{precision}-s{seed}"
+    run_config = {"student": str(student_spec), "teacher": str(teacher_spec), "teacher_hash": manifest["teacher_hash"],
+                  "targets": str(targets_dir), "pools": {p: v.as_dict() for p, v in (pools or {}).items()},
+                  "provenance": provenance({"distill": cfg}, seed=seed)}
+    rows = Trainer(student, notes, arm, train_cfg, out, pools=pools, run_config=run_config).run(max_steps=args.max_steps)
+    if hasattr(student_tok, "save") and (out / "model").exists():
+        student_tok.save(out / "model")
+    print(f"{args.arm}: {len(rows)} optimiser steps -> {out}")
+    return 0
+
+
+def register(subparsers) -> None:
+    p = subparsers.add_parser("targets", help="teacher targets, once per training note (App. I.5)")
+    p.add_argument("--teacher", help="teacher model spec (default: params models.teacher)")
+    p.add_argument("--traces", help="teacher traces jsonl (default: params distill.traces)")
+    p.add_argument("--notes", help="training notes jsonl (default: params distill.train_notes)")
+    p.add_argument("--events-dir", help="<note_id>/events.jsonl directory (default: params distill.events_dir)")
+    p.add_argument("--head-sets", help="teacher head_sets_contrast.json (default: params distill.teacher_head_sets)")
+    p.add_argument("--out", help="targets directory (default: params distill.targets_dir)")
+    p.set_defaults(func=cmd_targets)
+
+    p = subparsers.add_parser("train", help="train one arm: Vanilla CoT-KD or Mistill (App. J.2)")
+    p.add_argument("--arm", choices=("vanilla", "mistill"), required=True)
+    p.add_argument("--student", default="student_qwen", help="params models key or a model spec")
+    p.add_argument("--teacher", help="teacher spec whose targets these are (default: params models.teacher)")
+    p.add_argument("--targets", help="targets directory (default: params distill.targets_dir)")
+    p.add_argument("--head-sets", help="the student's head_sets_contrast.json (mistill)")
+    p.add_argument("--precision", choices=("bf16", "fp32"), help="default: params distill.precision[arm]")
+    p.add_argument("--seed", type=int)
+    p.add_argument("--lambda-p1", type=float)
+    p.add_argument("--lambda-p2", type=float)
+    p.add_argument("--terms", help="comma list of attn,inter,write (default: params distill.terms)")
+    p.add_argument("--write-norm", action="store_true", help="z-score c per note in the write term (App. I.2)")
+    p.add_argument("--window", type=int, help="W rows before each P1 event; 0 = the no-window arm")
+    p.add_argument("--heads", choices=("top", "bottom", "random", "uniform"))
+    p.add_argument("--pool-seed", type=int)
+    p.add_argument("--k", type=int, help="pool size (default: params distill.pool_k.student)")
+    p.add_argument("--lr", type=float)
+    p.add_argument("--max-steps", type=int, help="stop after this many optimiser steps (resumable)")
+    p.add_argument("--out", help="run directory (default: <runs_dir>/DT-00x/<student>-<arm>-<precision>-s<seed>)")
+    p.set_defaults(func=cmd_train)
+

@@ -1,0 +1,228 @@
+"""One trainer for every off-policy arm (App. J.2, "Shared recipe").
+
+AdamW (beta1 0.9, beta2 0.95, no weight decay), 5% linear warm-up then cosine decay to 0,
+gradient-norm clipping at 1, one trace per micro-step with gradient accumulation to a global batch
+of 8, two epochs; the epoch order is a function of (seed, epoch).  Two precisions are arms
+(App. J.2, "Precision"): `bf16` = bf16 weights with no fp32 master copy, plain AdamW (its states
+in bf16 too); `fp32` = fp32 master weights under bf16 autocast.  A run writes `config.json`
+(every argument, the example ids, the torch version), `metrics.jsonl` (one line per optimiser step:
+losses, lr, step time, peak memory) and `checkpoint.pt` (model, optimiser, scheduler, step and
+every RNG state), so a resumed run continues exactly where it stopped; the final model goes to
+`model/`.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import platform
+import random
+import resource
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+from tqdm import tqdm
+
+from mistill.distill.arms import ArmConfig, NoteBatch, note_loss
+from mistill.distill.mechanism import supervised_layers
+from mistill.distill.pooled_attention import LayerInputCapture
+from mistill.distill.pools import Pool
+from mistill.errors import UserError
+from mistill.io import atomic_open, write_json
+
+PRECISIONS = ("bf16", "fp32")
+
+
+@dataclass
+class TrainConfig:
+    epochs: int = 2
+    batch: int = 8
+    lr: float = 1e-5
+    betas: tuple[float, float] = (0.9, 0.95)
+    weight_decay: float = 0.0
+    warmup_frac: float = 0.05
+    clip: float = 1.0
+    precision: str = "bf16"
+    seed: int = 0
+    gradient_checkpointing: bool = True
+    save_every: int = 1       # optimiser steps between checkpoints
+
+    def __post_init__(self):
+        if self.precision not in PRECISIONS:
+            raise UserError(f"unknown precision {self.precision!r}; known: {', '.join(PRECISIONS)}")
+
+
+def epoch_order(n: int, seed: int, epoch: int) -> list[int]:
+    """App. J.2: the epoch order is a function of (seed, epoch) only."""
+    return np.random.default_rng([seed, epoch]).permutation(n).tolist()
+
+
+def cosine_with_warmup(total_steps: int, warmup_frac: float):
+    warmup = max(1, math.ceil(warmup_frac * total_steps)) if warmup_frac > 0 else 0
+
+    def factor(step: int) -> float:
+        if warmup and step < warmup:
+            return (step + 1) / warmup
+        progress = (step - warmup) / max(1, total_steps - warmup)
+        return 0.5 * (1.0 + math.cos(math.pi * min(1.0, progress)))
+    return factor
+
+
+def peak_memory_bytes(device: torch.device) -> int:
+    if device.type == "cuda":
+        return int(torch.cuda.max_memory_allocated(device))
+    return int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024  # Linux reports KiB
+
+
+def _rng_state() -> dict:
+    state = {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state()}
+    if torch.cuda.is_available():
+        state["cuda"] = torch.cuda.get_rng_state_all()
+    return state
+
+
+def _set_rng_state(state: dict) -> None:
+    random.setstate(state["python"])
+    np.random.set_state(state["numpy"])
+    torch.set_rng_state(state["torch"])
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])
+
+
+def prepare_model(model, cfg: TrainConfig):
+    """Precision arm and memory settings: bf16 weights (no master copy) or fp32 weights."""
+    model = model.to(torch.bfloat16 if cfg.precision == "bf16" else torch.float32)
+    try:
+        model.set_attn_implementation("sdpa")  # no full attention matrices in the training forward
+    except (AttributeError, ValueError, ImportError):
+        model.config._attn_implementation = "sdpa"
+    if cfg.gradient_checkpointing:
+        if hasattr(model, "activation_checkpointing_enable"):
+            model.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
+        else:
+            model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    model.config.use_cache = False
+    return model.train()
+
+
+def make_optimizer(model, cfg: TrainConfig, total_steps: int):
+    opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, betas=cfg.betas, weight_decay=cfg.weight_decay)
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, cosine_with_warmup(total_steps, cfg.warmup_frac))
+    return opt, sched
+
+
+class Trainer:
+    def __init__(self, model, notes: list[NoteBatch], arm: ArmConfig, cfg: TrainConfig, out_dir: Path, *,
+                 pools: dict[str, Pool] | None = None, run_config: dict | None = None):
+        if not notes:
+            raise UserError("no training notes")
+        if arm.arm == "mistill" and not pools:
+            raise UserError("the mistill arm needs the student's head pools")
+        self.arm, self.cfg, self.notes, self.pools = arm, cfg, notes, pools
+        self.out_dir = Path(out_dir)
+        self.model = prepare_model(model, cfg)
+        self.device = next(self.model.parameters()).device
+        self.steps_per_epoch = math.ceil(len(notes) / cfg.batch)
+        self.total_steps = self.steps_per_epoch * cfg.epochs
+        self.opt, self.sched = make_optimizer(self.model, cfg, self.total_steps)
+        self.step = 0
+        self.capture = None
+        if arm.arm == "mistill":
+            self.capture = LayerInputCapture(self.model, supervised_layers(pools, pools.get("P1")))
+        self.run_config = {"arm": arm.as_dict(), "train": asdict(cfg), "example_ids": [n.note_id for n in notes],
+                           "torch_version": torch.__version__, "python": platform.python_version(),
+                           "total_steps": self.total_steps, **(run_config or {})}
+
+    # -- resume ---------------------------------------------------------------------------
+    @property
+    def checkpoint_path(self) -> Path:
+        return self.out_dir / "checkpoint.pt"
+
+    def save_checkpoint(self) -> None:
+        state = {"step": self.step, "model": self.model.state_dict(), "optimizer": self.opt.state_dict(),
+                 "scheduler": self.sched.state_dict(), "rng": _rng_state(), "config": self.run_config}
+        with atomic_open(self.checkpoint_path, "wb") as fh:
+            torch.save(state, fh)
+
+    def maybe_resume(self) -> bool:
+        if not self.checkpoint_path.exists():
+            return False
+        state = torch.load(self.checkpoint_path, map_location=self.device, weights_only=False)
+        saved = {k: v for k, v in state["config"].items() if k != "resumed"}
+        if saved.get("arm") != self.run_config["arm"] or saved.get("train") != self.run_config["train"] \
+                or saved.get("example_ids") != self.run_config["example_ids"]:
+            raise UserError(f"{self.checkpoint_path}: a checkpoint of a different run (arm, recipe or notes differ); "
+                            "remove it or choose another output directory")
+        self.model.load_state_dict(state["model"])
+        self.opt.load_state_dict(state["optimizer"])
+        self.sched.load_state_dict(state["scheduler"])
+        _set_rng_state(state["rng"])
+        self.step = state["step"]
+        metrics = self.out_dir / "metrics.jsonl"
+        if metrics.exists():  # drop lines logged after the checkpoint
+            rows = [json.loads(line) for line in metrics.read_text().splitlines() if line.strip()]
+            with atomic_open(metrics, "w") as fh:
+                for row in rows:
+                    if row["step"] <= self.step:
+                        fh.write(json.dumps(row) + "\n")
+        return True
+
+    # -- training -------------------------------------------------------------------------
+    def _batches(self):
+        for step in range(self.step, self.total_steps):
+            epoch, within = divmod(step, self.steps_per_epoch)
+            order = epoch_order(len(self.notes), self.cfg.seed, epoch)
+            yield step, epoch, order[within * self.cfg.batch:(within + 1) * self.cfg.batch]
+
+    def train_step(self, indices: list[int]) -> dict:
+        t0 = time.perf_counter()
+        if self.device.type == "cuda":
+            torch.cuda.reset_peak_memory_stats(self.device)
+        self.opt.zero_grad(set_to_none=True)
+        logs = []
+        autocast = torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=self.cfg.precision == "fp32")
+        for i in indices:
+            with autocast:
+                loss, log = note_loss(self.model, self.notes[i], self.arm, self.pools, self.capture)
+            (loss / len(indices)).backward()
+            logs.append(log)
+        grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.cfg.clip)
+        lr = self.sched.get_last_lr()[0]
+        self.opt.step()
+        self.sched.step()
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+        row = {k: float(np.mean([log[k] for log in logs if k in log]))
+               for k in sorted({k for log in logs for k in log})}
+        row.update({"grad_norm": float(grad_norm), "lr": lr, "notes": len(indices),
+                    "step_time_s": time.perf_counter() - t0, "peak_memory_bytes": peak_memory_bytes(self.device)})
+        return row
+
+    def run(self, *, max_steps: int | None = None) -> list[dict]:
+        self.out_dir.mkdir(parents=True, exist_ok=True)
+        resumed = self.maybe_resume()
+        if not resumed and (self.out_dir / "metrics.jsonl").exists():
+            (self.out_dir / "metrics.jsonl").unlink()  # a fresh run starts a fresh log
+        write_json(self.out_dir / "config.json", {**self.run_config, "resumed": resumed})
+        if self.capture is None and self.arm.arm == "mistill":
+            raise UserError("internal: mistill arm without capture hooks")
+        rows = []
+        metrics = self.out_dir / "metrics.jsonl"
+        bar = tqdm(self._batches(), total=self.total_steps, initial=self.step, desc=f"train {self.arm.arm}",
+                   unit="step")
+        for step, epoch, indices in bar:
+            if max_steps is not None and len(rows) >= max_steps:
+                break
+            row = {"step": step + 1, "epoch": epoch, **self.train_step(indices)}
+            self.step = step + 1
+            with metrics.open("a") as fh:
+                fh.write(json.dumps(row) + "\n")
+            rows.append(row)
+            if self.step % self.cfg.save_every == 0 or self.step == self.total_steps:
+                self.save_checkpoint()
+        if self.step == self.total_steps:
+            self.model.save_pretrained(self.out_dir / "model")
+        return rows

@@ -1,0 +1,144 @@
+"""`mistill evaluate task | fidelity | m1` (App. K): one arm's generations and model against the teacher."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from mistill.errors import UserError
+
+
+def _params():
+    from mistill.params import load_params
+
+    return load_params()
+
+
+def _rows(path: str | Path, what: str) -> list[dict]:
+    from mistill.io import read_jsonl
+
+    path = Path(path)
+    if not path.exists():
+        raise UserError(f"{path}: no {what}")
+    return read_jsonl(path)
+
+
+def cmd_task(args) -> int:
+    from mistill.evaluate.task import task_metrics
+    from mistill.io import provenance, write_json
+    from mistill.world.notes import load_notes
+
+    cfg = _params()["evaluate"]
+    gens = {r["note_id"]: r for r in _rows(args.generations, "generations")}
+    test = load_notes(args.notes or cfg["test_notes"])
+    missing = [n.note_id for n in test if n.note_id not in gens]
+    if missing:
+        raise UserError(f"{args.generations}: no generation for {len(missing)} test notes (e.g. {missing[0]})")
+    train = load_notes(args.train_notes or cfg["train_notes"])
+    preds = [list(gens[n.note_id].get("answer") or []) if gens[n.note_id].get("valid") else [] for n in test]
+    valid = [bool(gens[n.note_id].get("valid")) for n in test]
+    values = task_metrics(preds, [list(n.gold_codes) for n in test], valid, [list(n.gold_codes) for n in train],
+                          ks=tuple(cfg["ks"]), a=float(cfg["psp_a"]), b=float(cfg["psp_b"]))
+    write_json(args.out, {"metrics": values, "n_notes": len(test), "generations": str(args.generations),
+                          "provenance": provenance({"evaluate": cfg})})
+    print(" ".join(f"{k}={v:.4f}" for k, v in values.items()))
+    return 0
+
+
+def cmd_fidelity(args) -> int:
+    import numpy as np
+
+    from mistill.evaluate import fidelity as fd
+    from mistill.io import provenance, write_json
+
+    cfg = _params()["evaluate"]
+    teacher = {r["note_id"]: r for r in _rows(args.teacher_traces or cfg["teacher_traces"], "teacher traces")}
+    out: dict = {}
+    per_note: dict = {}
+    if args.generations:
+        gens = [r for r in _rows(args.generations, "generations") if r["note_id"] in teacher]
+        bleu = {r["note_id"]: fd.sentence_bleu4(fd.reasoning_block(r["completion"]),
+                                                fd.reasoning_block(teacher[r["note_id"]]["completion"])) for r in gens}
+        out["bleu4"] = float(np.mean(list(bleu.values()))) if bleu else float("nan")
+        per_note["bleu4"] = bleu
+    if args.model:
+        import torch
+
+        from mistill.models.loading import load_model
+
+        torch.set_num_threads(int(args.threads))
+        model, tok = load_model(args.model)
+        ids = [n for n in (args.note_ids.split(",") if args.note_ids else teacher)]
+        nll = {n: fd.teacher_forced_nll(model, tok, teacher[n]["prompt"], teacher[n]["completion"]) for n in ids}
+        out["ppl_median"] = fd.median_ppl(list(nll.values()))
+        per_note["ppl"] = {n: fd.ppl_from_nll(v) for n, v in nll.items()}
+    if args.simulator:
+        sim = _rows(args.simulator, "simulator predictions")
+        answers = [teacher[r["note_id"]].get("answer") or [] for r in sim]
+        per_note["las"] = dict(zip([r["note_id"] for r in sim],
+                                   fd.las_per_note([r["with_rationale"] for r in sim], [r["note_only"] for r in sim],
+                                                   answers)))
+        out["las"] = float(np.mean(list(per_note["las"].values()))) if sim else float("nan")
+    if not out:
+        raise UserError("nothing to compute: give --generations (BLEU-4), --model (PPL) or --simulator (LAS)")
+    write_json(args.out, {"metrics": out, "per_note": per_note, "provenance": provenance({"evaluate": cfg})})
+    print(" ".join(f"{k}={v:.4f}" for k, v in out.items()))
+    return 0
+
+
+def cmd_m1(args) -> int:
+    import torch
+
+    from mistill.evaluate.m1 import m1
+    from mistill.io import provenance, write_json
+    from mistill.models.loading import load_model
+
+    params = _params()
+    cfg = params["evaluate"]
+    torch.set_num_threads(int(args.threads))
+    model, tok = load_model(args.model)
+    teacher_tok = None
+    if args.teacher_tokenizer or params["models"].get("teacher"):
+        from mistill.models.loading import load_tokenizer
+
+        teacher_tok = load_tokenizer(args.teacher_tokenizer or params["models"]["teacher"])
+    traces = _rows(args.teacher_traces or cfg["teacher_traces"], "teacher traces")
+    if args.notes:
+        from mistill.world.notes import load_notes
+
+        keep = {n.note_id for n in load_notes(args.notes)}
+        traces = [t for t in traces if t["note_id"] in keep]
+    traces = [t for t in traces if t.get("valid", True)]
+    result = m1(model, tok, traces, Path(args.events_dir or cfg["events_dir"]), teacher_tok)
+    write_json(args.out, {"m1": result, "model": str(args.model), "provenance": provenance({"evaluate": cfg})})
+    print(" ".join(f"{k}: P(m>0)={v['p_margin_positive']:.3f} median={v['median_margin']:.3f}"
+                   for k, v in result.items()))
+    return 0
+
+
+def register(subparsers) -> None:
+    p = subparsers.add_parser("task", help="micro/macro-F1, P@k, PSP@k, head/tail, valid rate (App. K)")
+    p.add_argument("--generations", required=True, help="trace-format jsonl of the arm's test generations")
+    p.add_argument("--notes", help="test notes (default: params evaluate.test_notes)")
+    p.add_argument("--train-notes", help="training notes for propensities (default: params evaluate.train_notes)")
+    p.add_argument("--out", required=True, help="output json")
+    p.set_defaults(func=cmd_task)
+
+    p = subparsers.add_parser("fidelity", help="teacher-trace PPL, BLEU-4, LAS (App. K)")
+    p.add_argument("--generations", help="the arm's test generations (BLEU-4)")
+    p.add_argument("--model", help="the arm's model spec (teacher-trace PPL)")
+    p.add_argument("--simulator", help="jsonl {note_id, with_rationale, note_only} of simulator answers (LAS)")
+    p.add_argument("--teacher-traces", help="default: params evaluate.teacher_traces")
+    p.add_argument("--note-ids", help="comma list restricting the PPL notes")
+    p.add_argument("--threads", default=2)
+    p.add_argument("--out", required=True)
+    p.set_defaults(func=cmd_fidelity)
+
+    p = subparsers.add_parser("m1", help="the student's margin at the teacher's events (App. K, M1)")
+    p.add_argument("--model", required=True, help="student model spec")
+    p.add_argument("--teacher-traces", help="default: params evaluate.teacher_traces")
+    p.add_argument("--teacher-tokenizer", help="decodes the events' competitor ids (default: params models.teacher)")
+    p.add_argument("--events-dir", help="default: params evaluate.events_dir")
+    p.add_argument("--notes", help="restrict to these notes (e.g. the test notes)")
+    p.add_argument("--threads", default=2)
+    p.add_argument("--out", required=True)
+    p.set_defaults(func=cmd_m1)

@@ -1,0 +1,95 @@
+"""`mistill instrument <pass>`: the characterization passes over the notes (App. C).
+
+    events     P1/P2/P2C/NULL events and their margins    -> <out>/<note>/events.jsonl, events_summary.json
+    attribute  first-order attribution + exact nominees    -> <out>/<note>/attr.npz
+    calibrate  NULL calibration, BH, global sets           -> <out>/head_sets_contrast.json, calibration.json
+    knockin    necessity and knock-in per bin              -> <out>/<note>/patch2.jsonl, faithfulness2.json
+    selftest   attribution fidelity vs exact patching      -> <out>/selftest.json (Table 8)
+
+Paths and sizes come from the active profile's `instrument` section of params.yaml
+(the teacher's id, dtype and device from `models`).
+"""
+
+from __future__ import annotations
+
+import argparse
+
+from mistill.params import load_params
+
+
+def _common(parser: argparse.ArgumentParser, *, resumable: bool = True) -> None:
+    parser.add_argument("--profile", default=None, help="params.yaml profile (default: the active one)")
+    parser.add_argument("--limit", type=int, default=None, help="only the first N notes (smoke runs)")
+    if resumable:
+        parser.add_argument("--force", action="store_true", help="recompute notes whose artifact is valid")
+
+
+def _config(args):
+    from mistill.instrument.passes import InstrumentConfig
+
+    params = load_params(profile=args.profile)
+    return InstrumentConfig.from_params(params), params
+
+
+def _events(args) -> int:
+    from mistill.instrument.passes import run_events
+
+    cfg, params = _config(args)
+    summary = run_events(cfg, params, limit=args.limit, force=args.force)
+    print(f"events: {summary['counts']} over {summary['notes']} notes ({len(summary['skipped'])} skipped)")
+    return 0
+
+
+def _attribute(args) -> int:
+    from mistill.instrument.passes import run_attribution
+
+    cfg, params = _config(args)
+    run_attribution(cfg, params, limit=args.limit, force=args.force)
+    return 0
+
+
+def _calibrate(args) -> int:
+    from mistill.instrument.passes import run_calibration
+
+    cfg, params = _config(args)
+    summary = run_calibration(cfg, params, limit=args.limit)
+    print(f"calibrate: split-half NULL discoveries {summary.get('split_half_null_discoveries')}; "
+          + ", ".join(f"{p}: +{v.get('bh_positive')}/-{v.get('bh_negative')}" for p, v in summary["phases"].items()))
+    return 0
+
+
+def _knockin(args) -> int:
+    from mistill.instrument.passes import run_knockin
+
+    cfg, params = _config(args)
+    run_knockin(cfg, params, limit=args.limit, force=args.force)
+    return 0
+
+
+def _selftest(args) -> int:
+    from mistill.instrument.passes import run_selftest
+
+    cfg, params = _config(args)
+    summary = run_selftest(cfg, params, note_id=args.note)
+    print(f"selftest on {summary['note_id']}: pearson intact {summary['intact']['pearson']:.3f}, "
+          f"detached {summary['detached']['pearson']:.3f}")
+    return 0
+
+
+def register(subparsers) -> None:
+    for name, func, help_text in (
+        ("events", _events, "extract P1/P2/P2C/NULL events and their margins (HD-001/<note>/events.jsonl)"),
+        ("attribute", _attribute, "first-order attribution and exact nominee patches (HD-001/<note>/attr.npz)"),
+        ("knockin", _knockin, "necessity and knock-in of head sets (patch2.jsonl, faithfulness2.json)"),
+    ):
+        parser = subparsers.add_parser(name, help=help_text, description=help_text)
+        _common(parser)
+        parser.set_defaults(func=func)
+    parser = subparsers.add_parser("calibrate", help="NULL calibration, BH tests, global sets "
+                                   "(head_sets_contrast.json)")
+    _common(parser, resumable=False)
+    parser.set_defaults(func=_calibrate)
+    parser = subparsers.add_parser("selftest", help="attribution fidelity against exact patching (selftest.json)")
+    _common(parser, resumable=False)
+    parser.add_argument("--note", default=None, help="note id (default: the first with enough P1 events)")
+    parser.set_defaults(func=_selftest)

@@ -1,0 +1,212 @@
+"""Necessity and knock-in sufficiency of head sets (Sec. 3.1, App. C "Knock-in", App. D).
+
+Necessity (clean run): mean-ablate the set at q,
+
+    necessity = (margin_clean - margin_ablated) / margin_clean          (> 1: the decision flips)
+
+Knock-in (corrupted run = the next note, at a matched event with a different
+emitted choice): feed the clean token at q in the donor's context cropped at its
+event, overwrite the set's head outputs with the values recorded at q in the
+clean run, and read the clean event's margin:
+
+    R = (margin_set - margin_corr) / (margin_all - margin_corr)
+
+margin_corr: nothing knocked in; margin_all: every head knocked in (equals the
+clean margin: the same token, position-local MLPs and norms).  An event counts
+only if margin_all - margin_corr >= 1 nat (the range gate).  Sets per bin k:
+the phase's global top-k by I_c, count-matched random heads (redrawn per note
+and bin), the global bottom-k, and the note's own top-k.  Every set variant of
+one event is one token of ONE batched forward against the shared cache.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+
+import numpy as np
+import torch
+
+from mistill.instrument.events import DECISION_KINDS, Event, note_rng
+from mistill.instrument.hook import HeadHook
+from mistill.instrument.margin import margin
+from mistill.instrument.patching import forward_variants, forward_variants_chunked, prefill
+
+SET_KINDS = ("top", "random", "bottom", "own")
+
+
+def head_set_masks(*, phase: str, note_id: str, bins: Sequence[int], global_scores: np.ndarray,
+                   own_scores: np.ndarray | None, n_layers: int, n_heads: int, seed: int
+                   ) -> dict[tuple[str, int], torch.Tensor]:
+    """(set kind, k) -> [L, H] boolean mask."""
+    n = n_layers * n_heads
+    order = np.argsort(-global_scores, kind="stable")
+    sets: dict[tuple[str, int], np.ndarray] = {}
+    for k in bins:
+        if k > n:
+            continue
+        sets[("top", k)] = order[:k]
+        sets[("bottom", k)] = order[::-1][:k]
+        sets[("random", k)] = note_rng(seed, f"{note_id}:{phase}:random:{k}").choice(n, size=k, replace=False)
+        if own_scores is not None:
+            sets[("own", k)] = np.argsort(-own_scores, kind="stable")[:k]
+    masks = {}
+    for key, heads in sets.items():
+        mask = torch.zeros(n, dtype=torch.bool)
+        mask[torch.as_tensor(np.ascontiguousarray(heads), dtype=torch.long)] = True
+        masks[key] = mask.view(n_layers, n_heads)
+    return masks
+
+
+def match_donor_events(clean: Sequence[Event], donor: Sequence[Event], rule: str = "first") -> list[int | None]:
+    """For each clean event, the index of its donor event: same kind, a different emitted token.
+
+    rule 'first': the donor's first such event; 'index': the n-th event of the kind (n = the clean
+    event's index within its kind), moving forward to the next with a different target.
+    """
+    by_kind: dict[str, list[int]] = {}
+    for i, e in enumerate(donor):
+        by_kind.setdefault(e.kind, []).append(i)
+    seen: dict[str, int] = {}
+    out: list[int | None] = []
+    for e in clean:
+        candidates = [i for i in by_kind.get(e.kind, []) if donor[i].target_id != e.target_id]
+        n = seen.get(e.kind, 0)
+        seen[e.kind] = n + 1
+        if not candidates:
+            out.append(None)
+        elif rule == "index":
+            out.append(candidates[n % len(candidates)])
+        else:
+            out.append(candidates[0])
+    return out
+
+
+def faithfulness_note(model, hook: HeadHook, *, note_id: str, clean_ids: Sequence[int],
+                      clean_events: Sequence[Event], donor_id: str, donor_ids: Sequence[int],
+                      donor_events: Sequence[Event], global_scores: Mapping[str, np.ndarray],
+                      own_scores: Mapping[str, np.ndarray | None], bins: Sequence[int], seed: int,
+                      max_batch: int = 64, donor_match: str = "first", progress=None) -> list[dict]:
+    """One row per clean decision event: necessity margins in the clean run, knock-in margins in the donor's."""
+    L, H = hook.n_layers, hook.n_heads
+    events = [e for e in clean_events if e.kind in DECISION_KINDS and e.kind in global_scores]
+    masks = {phase: head_set_masks(phase=phase, note_id=note_id, bins=bins, global_scores=global_scores[phase],
+                                   own_scores=own_scores.get(phase), n_layers=L, n_heads=H, seed=seed)
+             for phase in {e.kind for e in events}}
+    rows: list[dict] = []
+    recorded: dict[int, torch.Tensor] = {}
+
+    clean = prefill(model, hook, clean_ids)
+    for i in sorted(range(len(events)), key=lambda i: -events[i].pos):
+        ev, q = events[i], events[i].pos - 1
+        keys = list(masks[ev.kind])
+        with torch.no_grad(), hook.recording() as rec:
+            logits = forward_variants(model, hook, clean.cache, q, clean_ids[q], None, 1)
+        recorded[i] = torch.stack([r[0, 0] for r in rec])  # [L, H, D] at q
+        set_mask = torch.stack([torch.zeros(L, H, dtype=torch.bool)] + [masks[ev.kind][k] for k in keys], dim=1)
+        with torch.no_grad():
+            ablated = forward_variants_chunked(model, hook, clean.cache, q, clean_ids[q], set_mask, clean.mu,
+                                               max_batch)
+        m = margin(ablated, ev.target_id, ev.competitor_ids).tolist()
+        row = {"kind": ev.kind, "pos": ev.pos, "target_id": ev.target_id,
+               "margin_clean": float(margin(logits[0], ev.target_id, ev.competitor_ids)),
+               "margin_clean_batched": m[0], "necessity": _by_set(keys, m[1:]),
+               "donor_note": None, "donor_pos": None}
+        rows.append(row)
+        if progress is not None:
+            progress()
+    del clean
+
+    order = sorted(range(len(events)), key=lambda i: -events[i].pos)
+    row_of = {i: rows[n] for n, i in enumerate(order)}
+    matches = match_donor_events(events, donor_events, donor_match)
+    donor = prefill(model, hook, donor_ids)
+    for i in sorted((i for i in range(len(events)) if matches[i] is not None),
+                    key=lambda i: -donor_events[matches[i]].pos):  # the donor cache only crops
+        ev, dev = events[i], donor_events[matches[i]]
+        q_c, q_d = ev.pos - 1, dev.pos - 1
+        keys = list(masks[ev.kind])
+        set_mask = torch.stack([torch.zeros(L, H, dtype=torch.bool), torch.ones(L, H, dtype=torch.bool)]
+                               + [masks[ev.kind][k] for k in keys], dim=1)
+        with torch.no_grad():
+            logits = forward_variants_chunked(model, hook, donor.cache, q_d, clean_ids[q_c], set_mask,
+                                              recorded[i], max_batch)
+        m = margin(logits, ev.target_id, ev.competitor_ids).tolist()
+        row_of[i].update(donor_note=donor_id, donor_pos=dev.pos, margin_corr=m[0], margin_all=m[1],
+                         knockin=_by_set(keys, m[2:]))
+    return [row_of[i] for i in range(len(events))]
+
+
+def _by_set(keys: Sequence[tuple[str, int]], values: Sequence[float]) -> dict:
+    out: dict[str, dict[str, float]] = {}
+    for (kind, k), v in zip(keys, values):
+        out.setdefault(kind, {})[str(k)] = float(v)
+    return out
+
+
+# ---- aggregation over notes (Table 1, Table 10, Table 14) -------------------------------------------
+
+
+def summarize(rows_by_note: Mapping[str, Sequence[dict]], *, bins: Sequence[int], min_range: float = 1.0) -> dict:
+    """Medians over notes of per-note means, sign tests against random, gate and validation numbers."""
+    from mistill.stats import knock_in_recovery, median_of_note_means, necessity, sign_test
+
+    out: dict = {"min_range": min_range, "phases": {}}
+    for phase in DECISION_KINDS:
+        rows = [(note, r) for note, rs in rows_by_note.items() for r in rs if r["kind"] == phase]
+        if not rows:
+            continue
+        entry: dict = {"n_events": len(rows), "n_notes": len({n for n, _ in rows})}
+        knocked = [(n, r) for n, r in rows if r.get("margin_all") is not None]
+        if knocked:
+            all_minus_clean = np.array([r["margin_all"] - r["margin_clean"] for _, r in knocked])
+            gap = np.array([r["margin_all"] - r["margin_corr"] for _, r in knocked])
+            entry.update(n_knockin_events=len(knocked),
+                         all_heads_minus_clean_median=float(np.median(all_minus_clean)),
+                         all_heads_minus_clean_max_abs=float(np.abs(all_minus_clean).max()),
+                         corrupt_context_gap_median=float(np.median(gap)),
+                         range_gate_pass_rate=float((gap >= min_range).mean()))
+        per_bin: dict = {}
+        for k in bins:
+            cell: dict = {}
+            for measure in ("necessity", "knockin"):
+                note_values: dict[str, dict[str, float]] = {}
+                for kind in SET_KINDS:
+                    if measure == "necessity":
+                        sel = [(n, r) for n, r in rows if str(k) in r["necessity"].get(kind, {})
+                               and r["margin_clean"] != 0]
+                        if not sel:
+                            continue
+                        vals = necessity([r["margin_clean"] for _, r in sel],
+                                         [r["necessity"][kind][str(k)] for _, r in sel])
+                        notes = [n for n, _ in sel]
+                    else:
+                        sel = [(n, r) for n, r in knocked if str(k) in r["knockin"].get(kind, {})]
+                        if not sel:
+                            continue
+                        rec = knock_in_recovery([r["knockin"][kind][str(k)] for _, r in sel],
+                                                [r["margin_corr"] for _, r in sel],
+                                                [r["margin_all"] for _, r in sel], min_range=min_range)
+                        vals = rec.recovery
+                        notes = [n for (n, _), ok in zip(sel, rec.passed) if ok]
+                    if len(vals) == 0:
+                        continue
+                    summary = median_of_note_means(vals, notes)
+                    note_values[kind] = dict(zip(summary.note_ids, summary.note_means.tolist()))
+                    cell.setdefault(measure, {})[kind] = {
+                        "median": summary.estimate, "n_notes": summary.n_notes,
+                        "p10": float(np.percentile(summary.note_means, 10)),
+                        "p90": float(np.percentile(summary.note_means, 90)),
+                        "notes_above_half": int((summary.note_means > 0.5).sum())}
+                for other in ("random", "bottom", "own"):
+                    if "top" in note_values and other in note_values:
+                        shared = sorted(set(note_values["top"]) & set(note_values[other]))
+                        if shared:
+                            test = sign_test([note_values["top"][n] for n in shared],
+                                             [note_values[other][n] for n in shared])
+                            cell.setdefault(measure, {}).setdefault("vs", {})[other] = {
+                                "notes_top_above": test.n_positive, "notes": test.n, "p_value": test.p_value}
+            if cell:
+                per_bin[str(k)] = cell
+        entry["bins"] = per_bin
+        out["phases"][phase] = entry
+    return out

@@ -1,0 +1,499 @@
+"""The passes over notes: events, attribution, calibration, knock-in, self-test (App. C "Compute").
+
+Each pass reads the trace file (TR-006 for HD-001) in corpus order and writes
+per-note artifacts under `<out_dir>/<note_id>/`, named as the paper names them
+(events.jsonl, attr.npz, patch2.jsonl).  A pass is resumable per note: a note
+whose artifact exists and validates (its `.meta.json` records the sha256 of the
+artifact and its provenance) is skipped; a corrupt or unfinished artifact from a
+killed run is reported and recomputed.  A note that cannot be processed (code
+mentions outside the inventory, no events) is reported on one line and skipped;
+its reason is kept in `<out_dir>/skipped_<pass>.json`.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import sys
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from tqdm import tqdm
+
+from mistill.errors import UserError
+from mistill.instrument.events import DECISION_KINDS, Event, extract_events
+from mistill.io import file_sha256, provenance, read_jsonl, write_json, write_jsonl, write_npz
+
+NOTE_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
+
+
+# ---- inputs ---------------------------------------------------------------------------------------
+
+
+@dataclass
+class Trace:
+    note_id: str
+    prompt: str
+    completion: str
+    patient_id: str | None = None
+
+
+def load_traces(path: str | Path) -> list[Trace]:
+    path = Path(path)
+    if not path.exists():
+        raise UserError(f"{path}: no such trace file (run the traces stage first)")
+    traces, seen = [], set()
+    for n, row in enumerate(read_jsonl(path), start=1):
+        try:
+            trace = Trace(str(row["note_id"]), row["prompt"], row["completion"], row.get("patient_id"))
+        except (KeyError, TypeError) as err:
+            raise UserError(f"{path}:{n}: malformed trace record (missing {err})") from None
+        if not NOTE_ID.match(trace.note_id):
+            raise UserError(f"{path}:{n}: note_id {trace.note_id!r} cannot name an artifact directory")
+        if trace.note_id in seen:
+            raise UserError(f"{path}:{n}: duplicate note_id {trace.note_id}")
+        seen.add(trace.note_id)
+        traces.append(trace)
+    if not traces:
+        raise UserError(f"{path}: no traces")
+    return traces
+
+
+def model_input(tokenizer, trace: Trace) -> tuple[str, list[int], list[tuple[int, int]], int]:
+    """(text, ids, offsets, completion_start): chat_prompt(prompt) + completion, tokenised once."""
+    chat = tokenizer.chat_prompt(trace.prompt)
+    text = chat + trace.completion
+    enc = tokenizer.encode(text)
+    return text, list(enc.ids), [tuple(o) for o in enc.offsets], len(chat)
+
+
+# ---- resumable per-note artifacts -----------------------------------------------------------------
+
+
+def _meta_path(path: Path) -> Path:
+    return path.with_name(path.name + ".meta.json")
+
+
+def commit_artifact(path: Path, write: Callable[[Path], None], meta: dict) -> None:
+    """Write the artifact atomically, then its meta (sha256 + provenance): meta last marks it complete."""
+    _meta_path(path).unlink(missing_ok=True)
+    write(path)
+    write_json(_meta_path(path), {**meta, "sha256": file_sha256(path)})
+
+
+def artifact_state(path: Path, loader: Callable[[Path], Any] | None = None) -> str:
+    """'missing', 'valid' or a reason it is corrupt."""
+    meta_path = _meta_path(path)
+    if not path.exists() and not meta_path.exists():
+        return "missing"
+    if not path.exists():
+        return "artifact missing beside its meta"
+    if not meta_path.exists():
+        return "unfinished (no meta; killed run?)"
+    try:
+        meta = json.loads(meta_path.read_text())
+    except json.JSONDecodeError:
+        return "unreadable meta"
+    if meta.get("sha256") != file_sha256(path):
+        return "checksum mismatch"
+    if loader is not None:
+        try:
+            loader(path)
+        except Exception as err:  # noqa: BLE001 - any failure to parse means corrupt
+            return f"unreadable ({type(err).__name__}: {err})"
+    return "valid"
+
+
+def load_events(path: Path) -> list[Event]:
+    return [Event.from_json(row) for row in read_jsonl(path)]
+
+
+def load_attr(path: Path) -> dict[str, np.ndarray]:
+    with np.load(path, allow_pickle=False) as data:
+        arrays = {k: data[k] for k in data.files}
+    for key in ("kinds", "positions", "first_order", "exact", "importance", "margin"):
+        if key not in arrays:
+            raise ValueError(f"missing array {key}")
+    return arrays
+
+
+def _say(message: str) -> None:
+    tqdm.write(message, file=sys.stderr)
+
+
+class NotePass:
+    """Iterate notes with a progress bar, skipping valid artifacts and reporting corrupt ones."""
+
+    def __init__(self, name: str, out_dir: Path, artifact: str, loader=None, force: bool = False):
+        self.name, self.out_dir, self.artifact, self.loader, self.force = name, out_dir, artifact, loader, force
+        self.skipped: dict[str, str] = {}
+        self.done = self.computed = 0
+
+    def path(self, note_id: str) -> Path:
+        return self.out_dir / note_id / self.artifact
+
+    def needs(self, note_id: str) -> bool:
+        state = artifact_state(self.path(note_id), self.loader)
+        if state == "valid" and not self.force:
+            self.done += 1
+            return False
+        if state not in ("missing", "valid"):
+            _say(f"mistill instrument {self.name}: {note_id}/{self.artifact} is corrupt ({state}); recomputing")
+        return True
+
+    def skip(self, note_id: str, reason: str) -> None:
+        self.skipped[note_id] = reason
+        _say(f"mistill instrument {self.name}: note {note_id} skipped: {reason}")
+
+    def finish(self, params: dict) -> None:
+        write_json(self.out_dir / f"skipped_{self.name}.json",
+                   {"skipped": self.skipped, "provenance": provenance(params)})
+        _say(f"mistill instrument {self.name}: {self.computed} computed, {self.done} already done, "
+             f"{len(self.skipped)} skipped")
+
+
+# ---- configuration ----------------------------------------------------------------------------------
+
+
+@dataclass
+class InstrumentConfig:
+    traces: str
+    inventory: str
+    out_dir: str
+    teacher: str
+    dtype: str | None = None
+    device: str = "auto"
+    attn_implementation: str = "eager"
+    rope_scaling: dict | None = None
+    seed: int = 0
+    n_null: int = 20
+    null_min_distance: int = 8
+    p2c_cap: int = 2
+    unknown_codes: str = "skip_note"
+    hook: str = "detached"
+    nominees_topk: int = 40
+    nominees_global_topk: int = 16
+    null_exact_share: float = 0.5
+    max_batch: int = 64
+    fdr: float = 0.05
+    pool_k: int = 40
+    summary_top_k: int = 16
+    recurrence_top_k: int = 20
+    bins: tuple[int, ...] = (3, 8, 16, 40, 100)
+    min_range: float = 1.0
+    donor_match: str = "first"
+    selftest_events: int = 10
+    selftest_top_k: int = 20
+    selftest_repeats: int = 6
+    noise_floor_sds: float = 3.0
+
+    @classmethod
+    def from_params(cls, params: dict) -> InstrumentConfig:
+        section = params.get("instrument") or {}
+        if not section:
+            raise UserError("params.yaml: the active profile has no `instrument` section")
+        models = params.get("models") or {}
+        flat: dict[str, Any] = {}
+        for key, value in section.items():
+            if isinstance(value, dict) and key != "rope_scaling":
+                flat.update(value)
+            else:
+                flat[key] = value
+        flat.setdefault("teacher", models.get("teacher"))
+        flat.setdefault("dtype", models.get("dtype"))
+        flat.setdefault("device", models.get("device", "auto"))
+        flat.setdefault("attn_implementation", models.get("attn_implementation", "eager"))
+        flat.setdefault("rope_scaling", (models.get("rope_scaling") or {}).get("teacher"))
+        unknown = set(flat) - set(cls.__dataclass_fields__)
+        if unknown:
+            raise UserError(f"params.yaml instrument: unknown keys {', '.join(sorted(unknown))}")
+        if "bins" in flat:
+            flat["bins"] = tuple(int(k) for k in flat["bins"])
+        try:
+            return cls(**flat)
+        except TypeError as err:
+            raise UserError(f"params.yaml instrument: {err}") from None
+
+    def as_dict(self) -> dict:
+        return asdict(self)
+
+
+def load_teacher(cfg: InstrumentConfig):
+    from mistill.models.loading import load_model
+
+    device = cfg.device
+    if device in (None, "auto"):
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+    model, tokenizer = load_model(cfg.teacher, dtype=cfg.dtype, rope_scaling=cfg.rope_scaling,
+                                  attn_implementation=cfg.attn_implementation, device=device)
+    model.requires_grad_(False)
+    return model, tokenizer
+
+
+def inventory_codes(path: str | Path) -> list[str]:
+    from mistill.world.inventory import load_inventory
+
+    return [c.code for c in load_inventory(path)]
+
+
+# ---- the passes -------------------------------------------------------------------------------------
+
+
+def run_events(cfg: InstrumentConfig, params: dict, *, model=None, tokenizer=None, limit: int | None = None,
+               force: bool = False) -> dict:
+    """Events of every trace (CPU extraction) and their margins (one teacher-forced pass per note)."""
+    from mistill.instrument.attribution import margins_at
+    from mistill.instrument.patching import _fp32
+
+    traces = load_traces(cfg.traces)[:limit]
+    codes = inventory_codes(cfg.inventory)
+    if model is None:
+        model, tokenizer = load_teacher(cfg)
+    out = Path(cfg.out_dir)
+    note_pass = NotePass("events", out, "events.jsonl", load_events, force)
+    reports: dict[str, dict] = {}
+    for trace in tqdm(traces, desc="events", unit="note"):
+        path = note_pass.path(trace.note_id)
+        report_path = out / trace.note_id / "events_report.json"
+        if not note_pass.needs(trace.note_id):
+            if report_path.exists():
+                reports[trace.note_id] = json.loads(report_path.read_text())
+            continue
+        text, ids, offsets, start = model_input(tokenizer, trace)
+        events, report = extract_events(note_id=trace.note_id, text=text, ids=ids, offsets=offsets,
+                                        completion_start=start, codes=codes, tokenizer=tokenizer,
+                                        n_null=cfg.n_null, min_null_distance=cfg.null_min_distance,
+                                        p2c_cap=cfg.p2c_cap, seed=cfg.seed)
+        if report.unknown_mentions and cfg.unknown_codes == "skip_note":
+            shown = ", ".join(sorted(set(report.unknown_mentions))[:5])
+            note_pass.skip(trace.note_id, f"code mentions outside the inventory: {shown}")
+            continue
+        if not any(e.kind in DECISION_KINDS for e in events):
+            note_pass.skip(trace.note_id, "no decision events (no inventory code mentioned at a token boundary)")
+            continue
+        with torch.no_grad():
+            device = next(model.parameters()).device
+            out_logits = model(input_ids=torch.tensor([ids], device=device), use_cache=False,
+                               logits_to_keep=torch.tensor([e.pos - 1 for e in events], device=device)).logits
+        for e, (m, h) in zip(events, margins_at(_fp32(out_logits[0]), events)):
+            e.margin, e.entropy = m, h
+        reports[trace.note_id] = asdict(report)
+        write_json(report_path, asdict(report))
+        commit_artifact(path, lambda p: write_jsonl(p, [e.to_json() for e in events]),
+                        {"n_events": len(events), "n_tokens": len(ids), "provenance": provenance(params, cfg.seed)})
+        note_pass.computed += 1
+    note_pass.finish(params)
+    summary = _events_summary(out, traces, note_pass, reports)
+    write_json(out / "events_summary.json", {**summary, "provenance": provenance(params, cfg.seed)})
+    return summary
+
+
+def _events_summary(out: Path, traces: list[Trace], note_pass: NotePass, reports: dict) -> dict:
+    counts = {k: 0 for k in ("P1", "P2", "P2C", "NULL")}
+    notes_with = {k: 0 for k in counts}
+    for trace in traces:
+        path = out / trace.note_id / "events.jsonl"
+        if trace.note_id in note_pass.skipped or not path.exists():
+            continue
+        kinds = [e.kind for e in load_events(path)]
+        for k in counts:
+            counts[k] += kinds.count(k)
+            notes_with[k] += k in kinds
+    totals: dict[str, int] = {}
+    for report in reports.values():
+        for key, value in report.items():
+            if isinstance(value, int):
+                totals[key] = totals.get(key, 0) + value
+    return {"notes": len(traces) - len(note_pass.skipped), "skipped": note_pass.skipped,
+            "counts": counts, "notes_with": notes_with, "extraction": totals}
+
+
+def _notes_with_events(cfg: InstrumentConfig, limit: int | None = None) -> list[tuple[Trace, list[Event]]]:
+    out = Path(cfg.out_dir)
+    notes = []
+    for trace in load_traces(cfg.traces)[:limit]:
+        path = out / trace.note_id / "events.jsonl"
+        state = artifact_state(path, load_events)
+        if state == "valid":
+            notes.append((trace, load_events(path)))
+        elif state != "missing":
+            _say(f"mistill instrument: {trace.note_id}/events.jsonl is corrupt ({state}); rerun `events`")
+    if not notes:
+        raise UserError(f"{out}: no valid events.jsonl; run `mistill instrument events` first")
+    return notes
+
+
+def run_attribution(cfg: InstrumentConfig, params: dict, *, model=None, tokenizer=None,
+                    limit: int | None = None, force: bool = False) -> None:
+    """First-order attribution at every event, exact patches of the nominees at P1 and half the NULLs."""
+    from mistill.instrument.attribution import RunningGlobalTop, attribute_note
+    from mistill.instrument.hook import HeadHook
+    from mistill.instrument.patching import prefill
+
+    notes = _notes_with_events(cfg, limit)
+    if model is None:
+        model, tokenizer = load_teacher(cfg)
+    hook = HeadHook(model)
+    running = RunningGlobalTop(hook.n_layers, hook.n_heads)
+    note_pass = NotePass("attribute", Path(cfg.out_dir), "attr.npz", load_attr, force)
+    try:
+        # App. C: the running global top-16 depends on note order: the corpus order, logged in the meta.
+        for n, (trace, events) in enumerate(tqdm(notes, desc="attribute", unit="note")):
+            path = note_pass.path(trace.note_id)
+            if note_pass.needs(trace.note_id):
+                _, ids, _, _ = model_input(tokenizer, trace)
+                global_top = running.top(cfg.nominees_global_topk)
+                pre = prefill(model, hook, ids)
+                result = attribute_note(model, hook, pre.cache, pre.mu, ids, events, note_id=trace.note_id,
+                                        mode=cfg.hook, nominees_topk=cfg.nominees_topk, global_top=global_top,
+                                        null_exact_share=cfg.null_exact_share, seed=cfg.seed,
+                                        max_batch=cfg.max_batch)
+                del pre
+                commit_artifact(path, lambda p: write_npz(p, **result.arrays()),
+                                {"note_index": n, "hook": cfg.hook, "global_top": global_top,
+                                 "provenance": provenance(params, cfg.seed)})
+                note_pass.computed += 1
+            arrays = load_attr(path)
+            running.update(arrays["first_order"][arrays["kinds"] == "P1"])
+    finally:
+        hook.remove()
+    note_pass.finish(params)
+
+
+def run_calibration(cfg: InstrumentConfig, params: dict, *, limit: int | None = None) -> dict:
+    """I_c, tests and global sets from every note's attr.npz -> head_sets_contrast.json."""
+    from mistill.instrument.calibration import calibrate, note_contrast
+    from mistill.instrument.global_sets import head_sets, write_head_sets
+
+    out = Path(cfg.out_dir)
+    contrasts, shape = [], None
+    for trace, _ in _notes_with_events(cfg, limit):
+        path = out / trace.note_id / "attr.npz"
+        state = artifact_state(path, load_attr)
+        if state != "valid":
+            _say(f"mistill instrument calibrate: note {trace.note_id} has no valid attr.npz ({state}); left out")
+            continue
+        arrays = load_attr(path)
+        shape = arrays["importance"].shape[1:]
+        contrasts.append(note_contrast(trace.note_id, arrays["kinds"].tolist(), arrays["importance"],
+                                       seed=cfg.seed))
+    if not contrasts:
+        raise UserError(f"{out}: no valid attr.npz; run `mistill instrument attribute` first")
+    n_layers, n_heads = shape
+    cal = calibrate(contrasts, fdr=cfg.fdr, top_k=min(cfg.summary_top_k, n_layers * n_heads),
+                    pool_k=min(cfg.pool_k, n_layers * n_heads), recurrence_top_k=cfg.recurrence_top_k)
+    body = head_sets(cal.ic_mean, n_layers, n_heads, pool_k=min(cfg.pool_k, n_layers * n_heads))
+    prov = provenance(params, cfg.seed, notes=[c.note_id for c in contrasts])
+    write_head_sets(out / "head_sets_contrast.json", body, prov)
+    write_json(out / "calibration.json", {**cal.summary, "n_layers": n_layers, "n_heads": n_heads,
+                                          "provenance": prov})
+    arrays = {}
+    for phase, matrix in cal.ic_per_note.items():
+        arrays[f"ic_{phase}"] = matrix.astype(np.float32)
+        arrays[f"notes_{phase}"] = np.array(cal.ic_notes[phase])
+    write_npz(out / "calibration.npz", **arrays)
+    return cal.summary
+
+
+def run_knockin(cfg: InstrumentConfig, params: dict, *, model=None, tokenizer=None, limit: int | None = None,
+                force: bool = False) -> dict:
+    """Necessity and knock-in per note into the next note's context -> patch2.jsonl, faithfulness2.json."""
+    from mistill.instrument.global_sets import load_head_sets, phase_scores
+    from mistill.instrument.hook import HeadHook
+    from mistill.instrument.knockin import faithfulness_note, summarize
+
+    out = Path(cfg.out_dir)
+    notes = _notes_with_events(cfg, limit)
+    sets = load_head_sets(out / "head_sets_contrast.json")
+    global_scores = {p: phase_scores(sets, p) for p in DECISION_KINDS if p in sets["phases"]}
+    own: dict[str, dict[str, np.ndarray]] = {}
+    cal_path = out / "calibration.npz"
+    if cal_path.exists():
+        with np.load(cal_path) as data:
+            for phase in DECISION_KINDS:
+                if f"ic_{phase}" in data.files:
+                    own[phase] = dict(zip(data[f"notes_{phase}"].tolist(), data[f"ic_{phase}"]))
+    if model is None:
+        model, tokenizer = load_teacher(cfg)
+    hook = HeadHook(model)
+    n_heads_total = hook.n_layers * hook.n_heads
+    bins = [k for k in cfg.bins if k <= n_heads_total]
+    note_pass = NotePass("knockin", out, "patch2.jsonl", read_jsonl, force)
+    rows_by_note: dict[str, list[dict]] = {}
+    try:
+        for n, (trace, events) in enumerate(tqdm(notes, desc="knockin", unit="note")):
+            path = note_pass.path(trace.note_id)
+            if note_pass.needs(trace.note_id):
+                donor_trace, donor_events = notes[(n + 1) % len(notes)]  # Sec. 2.3: the next note; wrap
+                if donor_trace.note_id == trace.note_id:
+                    note_pass.skip(trace.note_id, "no other note to serve as the corrupted run")
+                    continue
+                _, ids, _, _ = model_input(tokenizer, trace)
+                _, donor_ids, _, _ = model_input(tokenizer, donor_trace)
+                rows = faithfulness_note(
+                    model, hook, note_id=trace.note_id, clean_ids=ids, clean_events=events,
+                    donor_id=donor_trace.note_id, donor_ids=donor_ids, donor_events=donor_events,
+                    global_scores=global_scores,
+                    own_scores={p: own.get(p, {}).get(trace.note_id) for p in global_scores},
+                    bins=bins, seed=cfg.seed, max_batch=cfg.max_batch, donor_match=cfg.donor_match)
+                commit_artifact(path, lambda p: write_jsonl(p, rows),
+                                {"donor": donor_trace.note_id, "bins": bins,
+                                 "provenance": provenance(params, cfg.seed)})
+                note_pass.computed += 1
+            rows_by_note[trace.note_id] = read_jsonl(path)
+    finally:
+        hook.remove()
+    note_pass.finish(params)
+    summary = summarize(rows_by_note, bins=bins, min_range=cfg.min_range)
+    summary.update(bins=bins, n_heads_total=n_heads_total)
+    write_json(out / "faithfulness2.json", {**summary, "provenance": provenance(params, cfg.seed)})
+    return summary
+
+
+def run_selftest(cfg: InstrumentConfig, params: dict, *, model=None, tokenizer=None,
+                 note_id: str | None = None) -> dict:
+    """The fidelity self-test of App. C (Table 8): all heads patched exactly at ten P1 events of one note."""
+    from mistill.instrument.attribution import fidelity, self_test_note
+    from mistill.instrument.hook import HeadHook
+    from mistill.instrument.patching import prefill
+
+    notes = _notes_with_events(cfg)
+    if note_id is not None:
+        notes = [(t, e) for t, e in notes if t.note_id == note_id]
+        if not notes:
+            raise UserError(f"note {note_id}: no valid events.jsonl")
+    # the first note with the most P1 events up to the requested count
+    trace, events = max(notes, key=lambda te: min(sum(e.kind == "P1" for e in te[1]), cfg.selftest_events))
+    p1 = [e for e in events if e.kind == "P1"][: cfg.selftest_events]
+    if not p1:
+        raise UserError("self-test: no note has a P1 event")
+    if model is None:
+        model, tokenizer = load_teacher(cfg)
+    hook = HeadHook(model)
+    try:
+        _, ids, _, _ = model_input(tokenizer, trace)
+        pre = prefill(model, hook, ids)
+        bar = tqdm(total=len(p1), desc="selftest", unit="event")
+        result = self_test_note(model, hook, pre.cache, pre.mu, ids, p1, repeats=cfg.selftest_repeats,
+                                max_batch=cfg.max_batch, progress=bar.update)
+        bar.close()
+    finally:
+        hook.remove()
+    sd = float(np.mean(result.repeat_margins.std(axis=1, ddof=1))) if cfg.selftest_repeats > 1 else 0.0
+    spread = float(np.max(np.ptp(result.repeat_margins, axis=1)))
+    floor = cfg.noise_floor_sds * sd
+    n_heads = hook.n_layers * hook.n_heads
+    k = min(cfg.selftest_top_k, n_heads)
+    summary = {"note_id": trace.note_id, "n_events": len(p1), "n_heads": n_heads, "top_k": k,
+               "forward_margin_noise_sd": sd, "forward_noise_range": spread, "single_head_detection_floor": floor,
+               "intact": fidelity(result.exact, result.intact, floor=floor, top_k=k),
+               "detached": fidelity(result.exact, result.detached, floor=floor, top_k=k)}
+    out = Path(cfg.out_dir)
+    write_npz(out / "selftest.npz", exact=result.exact, intact=result.intact, detached=result.detached,
+              clean_margin=result.clean_margin, repeat_margins=result.repeat_margins, positions=result.positions)
+    write_json(out / "selftest.json", {**summary, "provenance": provenance(params, cfg.seed)})
+    return summary

@@ -1,0 +1,262 @@
+"""`mistill models ...`: the demo models and the teacher trace sets.
+
+    mistill models train-teacher   -> <models.teacher>/ (safetensors, config, tokenizer remap, training log)
+    mistill models init-students   -> <models.student_qwen>/, <models.student_smol>/ (seeded random init)
+    mistill models traces --set TR-006|TR-007|TR-008
+                                   -> <artifacts>/<set>/traces.jsonl and summary.json
+
+Parameters come from the active profile (`models`, `decoding`, `seeds`, `paths`).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from mistill.errors import UserError
+
+
+def _models(params: dict[str, Any]) -> dict[str, Any]:
+    section = params.get("models") or {}
+    if not section:
+        raise UserError("params.yaml: the active profile has no 'models' section")
+    return section
+
+
+def _set_threads(section: dict[str, Any]) -> None:
+    import torch
+
+    threads = section.get("threads")
+    if threads:
+        torch.set_num_threads(int(threads))
+
+
+def _device(name: str | None) -> str:
+    import torch
+
+    if name in (None, "auto"):
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    return name
+
+
+def save_model_dir(model: Any, tokenizer: Any, directory: str | Path, extra_json: dict[str, Any]) -> Path:
+    """Write weights, config, tokenizer remap and extra json files to a temporary sibling directory and
+    swap it into place, so a killed run never leaves a half-written model."""
+    from mistill.io import write_json
+
+    directory = Path(directory)
+    directory.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(dir=directory.parent, prefix=f".{directory.name}."))
+    try:
+        model.save_pretrained(staging, safe_serialization=True)
+        tokenizer.save(staging)
+        for name, obj in extra_json.items():
+            write_json(staging / name, obj)
+        if directory.exists():
+            retired = Path(tempfile.mkdtemp(dir=directory.parent, prefix=f".{directory.name}.old."))
+            os.replace(directory, retired / directory.name)
+            os.replace(staging, directory)
+            shutil.rmtree(retired)
+        else:
+            os.replace(staging, directory)
+    finally:
+        if staging.exists():
+            shutil.rmtree(staging)
+    return directory
+
+
+def demo_tokenizer(params: dict[str, Any], family: str):
+    """The compact tokenizer of a family over the demo corpus (identical for every model of that family)."""
+    from mistill.models.demo_world import load_note_file, load_world, remap_corpus, cut_for_prompt
+    from mistill.models.tokenizers import CompactTokenizer, base_tokenizer, build_remap
+
+    world = load_world(params)
+    pool = load_note_file(params, "notes.jsonl", world.inventory)
+    notes = pool + [cut_for_prompt(n) for n in pool]
+    for name in ("corpus_char.jsonl", "dt_train.jsonl", "dt_test.jsonl"):
+        try:
+            notes += load_note_file(params, name, world.inventory)
+        except UserError:
+            pass
+    base = base_tokenizer(family)
+    texts = remap_corpus(world, notes) + [base.chat_prompt("")]
+    return CompactTokenizer(base, build_remap(base, texts))
+
+
+def teacher_notes(params: dict[str, Any], world: Any) -> list:
+    """The teacher's training notes: the pool's `source_split` notes, minus every patient of the
+    characterization and distillation-test corpora, cut as prompts are (App. A)."""
+    from mistill.models.demo_world import cut_for_prompt, load_note_file
+
+    cfg = _models(params)["teacher_training"]
+    held_out = set()
+    for name in cfg.get("exclude", []):
+        held_out |= {n.patient_id for n in load_note_file(params, name, world.inventory)}
+    pool = load_note_file(params, "notes.jsonl", world.inventory)
+    notes = [cut_for_prompt(n) for n in pool if n.split == cfg["source_split"] and n.patient_id not in held_out]
+    if not notes:
+        raise UserError("teacher training: no notes left after the exclusions")
+    return notes
+
+
+def cmd_train_teacher(args) -> int:
+    from mistill.io import provenance
+    from mistill.models.architectures import TinyArchitecture, build_model
+    from mistill.models.demo_world import load_world
+    from mistill.models.train_teacher import build_examples, train
+    from mistill.params import load_params
+
+    params = load_params()
+    section = _models(params)
+    cfg = section.get("teacher_training")
+    if not cfg:
+        raise UserError("params: models.teacher_training is not set for this profile (the paper's teacher is "
+                        "loaded by id, not trained)")
+    _set_threads(section)
+    arch = TinyArchitecture.from_params(section["architectures"]["teacher"])
+    world = load_world(params)
+    tokenizer = demo_tokenizer(params, arch.family)
+    notes = teacher_notes(params, world)
+    examples = build_examples(tokenizer, world, notes, seed=int(cfg["seed"]),
+                              shortlist_share=float(cfg["shortlist_share"]), shortlist_size=int(cfg["shortlist_size"]))
+    unknown = sum(i == tokenizer.unk_token_id for ex in examples for i in ex.ids)
+    if unknown:
+        raise UserError(f"teacher training: {unknown} tokens fall outside the compact table")
+    device = _device(args.device or section.get("device"))
+    model = build_model(arch, vocab_size=tokenizer.vocab_size, eos_token_id=tokenizer.eos_token_id,
+                        pad_token_id=tokenizer.pad_token_id, seed=int(cfg["seed"]),
+                        attn_implementation=cfg.get("attn_implementation", "sdpa")).to(device)
+    if args.epochs is not None:
+        cfg = {**cfg, "epochs": args.epochs}
+    start = time.time()
+    log = train(model, examples, cfg)
+    seconds = time.time() - start
+    model.config._attn_implementation = section.get("attn_implementation", "eager")
+    out = Path(args.out or section["teacher"])
+    n_params = sum(p.numel() for p in model.parameters())
+    record = provenance({"models": section}, seed=int(cfg["seed"]), device=device, seconds=round(seconds, 1),
+                        n_params=n_params, n_notes=len(notes), n_examples=len(examples),
+                        kinds=dict(__import__("collections").Counter(ex.kind for ex in examples)),
+                        architecture=arch.as_dict(), vocab_size=tokenizer.vocab_size,
+                        torch_threads=__import__("torch").get_num_threads())
+    save_model_dir(model.cpu(), tokenizer, out, {"training_log.json": {"provenance": record, "steps": log}})
+    print(f"teacher: {n_params} parameters, {len(examples)} examples, {seconds:.0f}s on {device} -> {out}")
+    return 0
+
+
+def cmd_init_students(args) -> int:
+    from mistill.io import provenance
+    from mistill.models.architectures import TinyArchitecture, build_model
+    from mistill.params import load_params
+
+    params = load_params()
+    section = _models(params)
+    seed = int(section.get("student_seed", 0))
+    for key in ("student_qwen", "student_smol"):
+        arch = TinyArchitecture.from_params(section["architectures"][key])
+        tokenizer = demo_tokenizer(params, arch.family)
+        model = build_model(arch, vocab_size=tokenizer.vocab_size, eos_token_id=tokenizer.eos_token_id,
+                            pad_token_id=tokenizer.pad_token_id, seed=seed,
+                            attn_implementation=section.get("attn_implementation", "eager"))
+        record = provenance({"models": section}, seed=seed, architecture=arch.as_dict(),
+                            vocab_size=tokenizer.vocab_size, n_params=sum(p.numel() for p in model.parameters()))
+        out = save_model_dir(model, tokenizer, section[key], {"init.json": record})
+        print(f"{key}: {record['n_params']} parameters, vocab {tokenizer.vocab_size} -> {out}")
+    return 0
+
+
+def cmd_traces(args) -> int:
+    from mistill.io import provenance, read_jsonl, write_json, write_jsonl
+    from mistill.models.demo_world import FULL, load_note_file, load_world
+    from mistill.models.generation import Decoding, generate
+    from mistill.models.loading import load_model
+    from mistill.models.traces import TRACE_SETS, most_frequent_code, summarize, trace_path
+    from mistill.params import load_params
+    from mistill.world.answers import parse_answer
+    from mistill.world.prompt import template_hash
+    from tqdm import tqdm
+
+    if args.set not in TRACE_SETS:
+        raise UserError(f"unknown trace set {args.set!r}; known: {', '.join(TRACE_SETS)}")
+    params = load_params()
+    section = _models(params)
+    _set_threads(section)
+    files, kind = TRACE_SETS[args.set]
+    world = load_world(params, need_shortlists=kind != FULL)
+    notes = [n for name in files for n in load_note_file(params, name, world.inventory)]
+    if args.limit:
+        notes = notes[:args.limit]
+    decoding = Decoding.from_params(params["decoding"])
+    spec = args.model or section["teacher"]
+    base_seed = int(params["seeds"]["decoding"])
+    backend = section.get("generation_backend", "transformers")
+    load_kwargs = {"dtype": section.get("dtype"), "rope_scaling": (section.get("rope_scaling") or {}).get("teacher"),
+                   "attn_implementation": section.get("attn_implementation", "eager")}
+    path = trace_path(params, args.set)
+    settings = {**decoding.as_dict(), "backend": backend}
+
+    done: dict[str, dict] = {}
+    if path.exists():  # resumable per note: keep records made with the same model and decoding
+        done = {r["note_id"]: r for r in read_jsonl(path)
+                if r.get("model") == spec and r.get("decoding") == settings}
+    todo = [n for n in notes if n.note_id not in done]
+    if backend == "transformers" and todo:
+        device = _device(args.device or section.get("device"))
+        model, tokenizer = load_model(spec, **load_kwargs, device=device)
+        runner = (model, tokenizer)
+    else:
+        runner = spec
+    order = [n.note_id for n in notes]
+    batch = todo if backend == "vllm" else None
+    pending = [batch] if batch else [[n] for n in todo]
+    for group in tqdm(pending, desc=args.set, unit="note", disable=backend == "vllm"):
+        prompts = [world.prompt(n, kind) for n in group]
+        seeds = [base_seed] * len(group)  # App. B: one fixed seed for every teacher trace
+        generations = generate(runner, prompts, seeds=seeds, backend=backend, load_kwargs=load_kwargs,
+                               **decoding.as_dict())
+        for note, gen in zip(group, generations):
+            parsed = parse_answer(gen.completion, world.inventory, hit_cap=gen.hit_cap)
+            done[note.note_id] = {
+                "note_id": note.note_id, "prompt": gen.prompt, "completion": gen.completion,
+                "valid": parsed.valid, "hit_cap": parsed.hit_cap, "degenerate": parsed.degenerate,
+                "answer": list(parsed.answer), "n_new_tokens": gen.n_new_tokens, "seed": gen.seed,
+                "decoding": settings, "model": spec,
+            }
+        write_jsonl(path, [done[i] for i in order if i in done])
+
+    records = [done[i] for i in order]
+    gold = {n.note_id: n.gold_codes for n in notes}
+    splits = {n.note_id: n.split for n in notes}
+    candidates = {n.note_id: [c.code for c in world.candidates(n, kind)] for n in notes}
+    train_gold = [n.gold_codes for n in load_note_file(params, "dt_train.jsonl", world.inventory)]
+    summary = summarize(records, gold, splits, candidates, most_frequent_code(train_gold))
+    summary["provenance"] = provenance({"models": section, "decoding": params["decoding"],
+                                        "seeds": params["seeds"]}, seed=base_seed, trace_set=args.set,
+                                       prompt_kind=kind, model=spec, prompt_template_sha256=template_hash())
+    write_json(path.with_name("summary.json"), summary)
+    overall = summary["overall"]
+    print(f"{args.set}: {overall['notes']} notes, valid {overall['valid_rate']:.2f}, "
+          f"micro-F1 {overall['teacher']['micro_f1']:.3f} -> {path}")
+    return 0
+
+
+def register(subparsers) -> None:
+    sub = subparsers.add_parser("train-teacher", help="train the tiny demo teacher on scripted traces")
+    sub.add_argument("--device", help="cpu, cuda or auto (default: params models.device)")
+    sub.add_argument("--epochs", type=int, help="override models.teacher_training.epochs")
+    sub.add_argument("--out", help="output directory (default: params models.teacher)")
+    sub.set_defaults(func=cmd_train_teacher)
+
+    sub = subparsers.add_parser("init-students", help="seeded random initialisation of the demo students")
+    sub.set_defaults(func=cmd_init_students)
+
+    sub = subparsers.add_parser("traces", help="teacher traces of one trace set (TR-006, TR-007, TR-008)")
+    sub.add_argument("--set", required=True, help="TR-006, TR-007 or TR-008")
+    sub.add_argument("--model", help="model id or directory (default: params models.teacher)")
+    sub.add_argument("--device", help="cpu, cuda or auto (default: params models.device)")
+    sub.add_argument("--limit", type=int, help="only the first N notes (smoke runs)")
+    sub.set_defaults(func=cmd_traces)

@@ -1,0 +1,144 @@
+"""Teacher trace sets TR-006 / TR-007 / TR-008 (App. A, B, Q).
+
+* TR-006: the characterization notes on the full-inventory prompt (HD-001).
+* TR-007: the same notes on their shortlists (HD-002; the validation set).
+* TR-008: the distillation corpus (train and test notes) on their shortlists.
+
+One record per note, in the trace-record contract (`artifacts/<set>/traces.jsonl`):
+the untemplated prompt, the completion after the assistant header, App. K's
+validity / cap / degenerate flags and answer, the token count, the seed, the
+decoding settings and the model.  The pass is resumable per note: records of
+notes already traced with the same model and decoding are kept.
+
+The summary reports the valid rate, the capped share, micro-F1 against gold,
+the single-code baseline (the most frequent dt_train gold code predicted for
+every note) and, per note, mention counts that bound the events the instrument
+extracts (App. C): first mentions (one P1 decision each), later characters of
+first mentions (P2 candidates), and mentions of a code whose category sibling
+was named earlier (P2C candidates, capped at two per (code, near-miss) pair).
+"""
+
+from __future__ import annotations
+
+import re
+from collections import Counter
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Iterable
+
+from mistill.models.demo_world import FULL, SHORTLIST
+
+TRACE_SETS: dict[str, tuple[tuple[str, ...], str]] = {
+    "TR-006": (("corpus_char.jsonl",), FULL),
+    "TR-007": (("corpus_char.jsonl",), SHORTLIST),
+    "TR-008": (("dt_train.jsonl", "dt_test.jsonl"), SHORTLIST),
+}
+
+# A dotted (or three-character) ICD-10-CM code string standing on its own (METHOD-GUIDE §5:
+# dotted inventory code strings at token boundaries, over the whole generated text).
+CODE_MENTION = re.compile(r"(?<![A-Za-z0-9.])([A-Z][0-9][0-9A-Z](?:\.[0-9A-Z]{1,4})?)(?![A-Za-z0-9])")
+
+
+@dataclass(frozen=True)
+class MentionCounts:
+    mentions: int
+    first_mentions: int            # P1: the chapter letter of each first mention
+    p2_characters: int             # later characters of first mentions, '.' excluded
+    sibling_after: int             # P2C: mentions of a code after a sibling was named (<= 2 per pair)
+    first_after_sibling: int       # of those, first mentions (the near-miss decisions proper)
+
+    def as_dict(self) -> dict[str, int]:
+        return self.__dict__.copy()
+
+
+def code_mentions(text: str, codes: Iterable[str]) -> list[tuple[int, str]]:
+    """(character offset, code) of every mention of a listed code, in order."""
+    listed = set(codes)
+    return [(m.start(1), m.group(1)) for m in CODE_MENTION.finditer(text) if m.group(1) in listed]
+
+
+def mention_counts(text: str, codes: Iterable[str]) -> MentionCounts:
+    mentions = code_mentions(text, codes)
+    seen: list[str] = []
+    pair_uses: Counter = Counter()
+    first = p2 = after = first_after = 0
+    for _, code in mentions:
+        is_first = code not in seen
+        if is_first:
+            first += 1
+            p2 += sum(1 for ch in code[1:] if ch != ".")
+        near_misses = {s for s in seen if s != code and s[:3] == code[:3]}
+        counted = False
+        for near in sorted(near_misses):
+            if pair_uses[(code, near)] < 2:  # App. C: first mention and first repeat per pair
+                pair_uses[(code, near)] += 1
+                counted = True
+        if counted:
+            after += 1
+            first_after += is_first
+        if is_first:
+            seen.append(code)
+    return MentionCounts(len(mentions), first, p2, after, first_after)
+
+
+def micro_f1(predicted: list[Iterable[str]], gold: list[Iterable[str]]) -> dict[str, float]:
+    """Micro-averaged precision, recall and F1 over notes (App. K): counts pooled over notes."""
+    tp = fp = fn = 0
+    for pred, true in zip(predicted, gold):
+        pred, true = set(pred), set(true)
+        tp += len(pred & true)
+        fp += len(pred - true)
+        fn += len(true - pred)
+    precision = tp / (tp + fp) if tp + fp else 0.0
+    recall = tp / (tp + fn) if tp + fn else 0.0
+    f1 = 2 * precision * recall / (precision + recall) if precision + recall else 0.0
+    return {"precision": precision, "recall": recall, "micro_f1": f1, "tp": tp, "fp": fp, "fn": fn}
+
+
+def summarize(records: list[dict[str, Any]], gold: dict[str, tuple[str, ...]], splits: dict[str, str],
+              candidates: dict[str, list[str]], baseline_code: str | None) -> dict[str, Any]:
+    """Valid rate, capped share, micro-F1 (overall and per split), baseline and per-note mention counts."""
+    def block(rows: list[dict[str, Any]]) -> dict[str, Any]:
+        ids = [r["note_id"] for r in rows]
+        result = {
+            "notes": len(rows),
+            "valid_rate": sum(r["valid"] for r in rows) / len(rows) if rows else 0.0,
+            "hit_cap_share": sum(r["hit_cap"] for r in rows) / len(rows) if rows else 0.0,
+            "degenerate": sum(r["degenerate"] for r in rows),
+            "teacher": micro_f1([r["answer"] for r in rows], [gold[i] for i in ids]),
+        }
+        if baseline_code is not None:
+            result["single_code_baseline"] = {"code": baseline_code,
+                                              **micro_f1([[baseline_code]] * len(ids), [gold[i] for i in ids])}
+        return result
+
+    per_note = {}
+    for r in records:
+        counts = mention_counts(r["completion"], candidates[r["note_id"]])
+        per_note[r["note_id"]] = {"split": splits[r["note_id"]], "valid": r["valid"],
+                                  "n_new_tokens": r["n_new_tokens"], **counts.as_dict()}
+    summary: dict[str, Any] = {"overall": block(records)}
+    for split in sorted(set(splits.values())):
+        rows = [r for r in records if splits[r["note_id"]] == split]
+        if rows and len(set(splits.values())) > 1:
+            summary[split] = block(rows)
+    totals = Counter()
+    for counts in per_note.values():
+        totals.update({k: v for k, v in counts.items() if isinstance(v, int) and not isinstance(v, bool)})
+    summary["mention_totals"] = dict(totals)
+    summary["notes_with_sibling_before_chosen"] = sum(1 for c in per_note.values() if c["first_after_sibling"] > 0)
+    summary["per_note"] = per_note
+    return summary
+
+
+def most_frequent_code(gold_sets: Iterable[Iterable[str]]) -> str | None:
+    """The best single-code baseline's code: the most frequent gold code (ties: smallest code)."""
+    counts = Counter(c for codes in gold_sets for c in codes)
+    if not counts:
+        return None
+    top = max(counts.values())
+    return min(c for c, n in counts.items() if n == top)
+
+
+def trace_path(params: dict[str, Any], trace_set: str) -> Path:
+    return Path(params["paths"]["artifacts"]) / trace_set / "traces.jsonl"

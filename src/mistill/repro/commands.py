@@ -1,0 +1,115 @@
+"""`mistill repro ...`: check numbers against expected values, render the paper, keep REGISTRY.md current.
+
+    mistill repro check [IDS...] [--profile P] [--results DIR]
+    mistill repro render [--strict] [--results DIR] [--out paper/build] [--templates paper/templates]
+    mistill repro registry-md [--check]
+    mistill repro bless IDS... [--profile P] [--results DIR]
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from mistill.errors import UserError
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    check = subparsers.add_parser("check", help="every numbers file against its profile's expected values")
+    check.add_argument("ids", nargs="*", metavar="ID", help="restrict to these result ids (default: all 62)")
+    _common(check)
+    check.set_defaults(func=cmd_check)
+
+    render = subparsers.add_parser("render", help="rebuild paper tables and macros from the numbers files")
+    render.add_argument("--strict", action="store_true", help="fail on any missing number instead of showing ??")
+    render.add_argument("--out", type=Path, default=Path("paper/build"), help="output directory")
+    render.add_argument("--templates", type=Path, default=Path("paper/templates"), help="template directory")
+    _common(render)
+    render.set_defaults(func=cmd_render)
+
+    md = subparsers.add_parser("registry-md", help="regenerate REGISTRY.md from registry.yaml")
+    md.add_argument("--check", action="store_true", help="exit non-zero when REGISTRY.md is stale; write nothing")
+    md.set_defaults(func=cmd_registry_md)
+
+    bless = subparsers.add_parser("bless", help="record current numbers as the profile's goldens")
+    bless.add_argument("ids", nargs="+", metavar="ID")
+    _common(bless)
+    bless.set_defaults(func=cmd_bless)
+
+
+def _common(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--profile", help="profile to check against (default: params.yaml's active profile)")
+    parser.add_argument("--results", type=Path, help="numbers files directory (default: params paths.results)")
+
+
+def _resolve(args: argparse.Namespace) -> tuple[str, Path]:
+    """The profile and results directory: flags first, else params.yaml."""
+    profile, results = args.profile, args.results
+    if profile is None or results is None:
+        from mistill.params import load_params
+
+        params = load_params(profile=profile)
+        profile = profile or params["profile"]
+        results = results or Path(params.get("paths", {}).get("results", "results"))
+    return profile, Path(results)
+
+
+def cmd_check(args: argparse.Namespace) -> int:
+    from mistill.repro.check import run_check
+    from mistill.repro.registry import load_registry
+
+    registry = load_registry()
+    profile, results = _resolve(args)
+    report = run_check(registry, profile, results, args.ids)
+    print(report.format())
+    return 1 if report.failed else 0
+
+
+def cmd_render(args: argparse.Namespace) -> int:
+    from mistill.repro.registry import load_registry
+    from mistill.repro.render import render_paper
+
+    registry = load_registry()
+    profile, results = _resolve(args)
+    report = render_paper(registry, results_dir=results, out_dir=args.out, templates_dir=args.templates,
+                          profile=profile, strict=args.strict)
+    for target, missing in report.missing.items():
+        shown = ", ".join(missing[:6]) + (f", ... ({len(missing)} in all)" if len(missing) > 6 else "")
+        print(f"{target}: ?? for {shown}", file=sys.stderr)
+    print(f"wrote {len(report.outputs)} files under {args.out}")
+    return 0
+
+
+def cmd_registry_md(args: argparse.Namespace) -> int:
+    from mistill.repro.registry import load_registry
+    from mistill.repro.registry_md import registry_md_is_current, write_registry_md
+
+    registry = load_registry()
+    if args.check:
+        if registry_md_is_current(registry):
+            print("REGISTRY.md is current")
+            return 0
+        print("REGISTRY.md is stale: run `mistill repro registry-md`", file=sys.stderr)
+        return 1
+    path = write_registry_md(registry)
+    print(f"wrote {path}")
+    return 0
+
+
+def cmd_bless(args: argparse.Namespace) -> int:
+    from mistill.repro.bless import bless
+    from mistill.repro.registry import load_registry
+    from mistill.repro.registry_md import write_registry_md
+
+    registry = load_registry()
+    profile, results = _resolve(args)
+    changes = bless(registry, args.ids, profile=profile, results_dir=results)
+    for line in changes:
+        print(line)
+    print(f"blessed {', '.join(args.ids)} into results/expected/{profile}.yaml ({len(changes)} values changed)")
+    write_registry_md(registry)     # REGISTRY.md shows the goldens: keep it current
+    return 0
+
+
+__all__ = ["UserError", "register"]

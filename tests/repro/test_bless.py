@@ -1,0 +1,102 @@
+"""Blessing demo goldens: provenance recorded, changes printed, the paper's values never overwritten."""
+
+import pytest
+import yaml
+from conftest import write_fixture
+
+from mistill.cli import main
+from mistill.repro.registry import load_registry
+
+LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+
+
+def demo_values(**kv):
+    return {k: {"value": v, "statistic": "count", "artifact": "artifacts/HD-001"} for k, v in kv.items()}
+
+
+def test_bless_then_check_then_drift(scratch_root, monkeypatch, capsys):
+    monkeypatch.chdir(scratch_root)
+    results = scratch_root / "results"
+    write_fixture(results, "R-C1", demo_values(p1_event_count=41, median_p1_margin=3.2071), profile="demo")
+    assert main(["repro", "bless", "R-C1", "--profile", "demo", "--results", str(results)]) == 0
+    out = capsys.readouterr().out
+    assert "R-C1.p1_event_count: - -> 41" in out
+
+    data = yaml.load((results / "expected" / "demo.yaml").read_text(), Loader=LOADER)
+    golden = data["expected"]["R-C1"]
+    assert golden["p1_event_count"] == {"value": 41, "stat": "count", "kind": "count", "class": "none"}
+    assert golden["median_p1_margin"]["kind"] == "nats" and golden["median_p1_margin"]["class"] == "K"
+    prov = data["provenance"]["R-C1"]
+    assert set(prov) == {"code_version", "params_sha256", "reader", "numbers_sha256", "machine", "date"}
+    assert "Goldens made by" in (scratch_root / "REGISTRY.md").read_text()
+
+    check = ["repro", "check", "R-C1", "--profile", "demo", "--results", str(results)]
+    assert main(check) == 0
+    # Margin within K's 0.14 nats passes; an off-by-one count (exact, class none) fails.
+    write_fixture(results, "R-C1", demo_values(p1_event_count=41, median_p1_margin=3.3), profile="demo")
+    assert main(check) == 0
+    write_fixture(results, "R-C1", demo_values(p1_event_count=42, median_p1_margin=3.3), profile="demo")
+    capsys.readouterr()
+    assert main(check) == 1
+    assert "p1_event_count" in next(l for l in capsys.readouterr().out.splitlines() if "FAIL" in l)
+
+    assert main(["repro", "bless", "R-C1", "--profile", "demo", "--results", str(results)]) == 0
+    assert "R-C1.p1_event_count: 41 -> 42" in capsys.readouterr().out
+
+
+def test_hand_set_tolerance_survives_rebless(scratch_root, monkeypatch):
+    monkeypatch.chdir(scratch_root)
+    results = scratch_root / "results"
+    write_fixture(results, "R-C1", demo_values(median_p1_margin=3.2), profile="demo")
+    main(["repro", "bless", "R-C1", "--profile", "demo", "--results", str(results)])
+    path = results / "expected" / "demo.yaml"
+    data = yaml.load(path.read_text(), Loader=LOADER)
+    data["expected"]["R-C1"]["median_p1_margin"]["tolerance"] = {"absolute": 0.5}
+    path.write_text(yaml.safe_dump(data, sort_keys=False))
+    main(["repro", "bless", "R-C1", "--profile", "demo", "--results", str(results)])
+    tol = load_registry(scratch_root).expected("demo").values["R-C1"]["median_p1_margin"].tolerance
+    assert tol.absolute == 0.5
+
+
+def test_paper_values_cannot_be_blessed(scratch_root, registry, monkeypatch, capsys):
+    from conftest import paper_values
+
+    monkeypatch.chdir(scratch_root)
+    results = scratch_root / "results"
+    write_fixture(results, "R-C3", paper_values(registry, "R-C3"))
+    before = (results / "expected" / "paper.yaml").read_text()
+    assert main(["repro", "bless", "R-C3", "--profile", "paper", "--results", str(results)]) == 2
+    assert "blessable: false" in capsys.readouterr().err
+    assert (results / "expected" / "paper.yaml").read_text() == before
+
+
+def test_bless_of_a_missing_numbers_file_is_a_user_error(scratch_root, monkeypatch, capsys):
+    monkeypatch.chdir(scratch_root)
+    assert main(["repro", "bless", "R-C2", "--profile", "demo", "--results", str(scratch_root / "results")]) == 2
+    assert "no such numbers file" in capsys.readouterr().err
+    assert not (scratch_root / "results" / "expected" / "demo.yaml").exists()
+
+
+@pytest.mark.parametrize("ids", [["R-C99"]])
+def test_bless_unknown_id(scratch_root, monkeypatch, capsys, ids):
+    monkeypatch.chdir(scratch_root)
+    assert main(["repro", "bless", *ids, "--profile", "demo", "--results", str(scratch_root / "results")]) == 2
+    assert "unknown result id" in capsys.readouterr().err
+
+
+def test_extra_keys_let_a_demo_reader_record_an_invariant(scratch_root, monkeypatch):
+    from mistill.repro.numbers import write_numbers
+
+    path = scratch_root / "registry.yaml"
+    path.write_text(path.read_text().replace("    stage: R-C2\n",
+                                             "    stage: R-C2\n    extra_keys: [all_heads_knockin_recovery]\n", 1))
+    registry = load_registry(scratch_root)
+    assert registry.registered_keys("R-C2")[-1] == "all_heads_knockin_recovery"
+    values = {"all_heads_knockin_recovery": {"value": 1.0, "statistic": "median over events", "artifact": "a"}}
+    out = write_numbers("R-C2", values, reader="r", inputs=[], params={"profile": "demo"},
+                        results_dir=scratch_root / "results", registry=registry)
+    assert out.exists()
+    monkeypatch.chdir(scratch_root)
+    assert main(["repro", "bless", "R-C2", "--profile", "demo", "--results", str(scratch_root / "results")]) == 0
+    assert main(["repro", "check", "R-C2", "--profile", "demo", "--results", str(scratch_root / "results")]) == 0
+    assert "`all_heads_knockin_recovery`" in (scratch_root / "REGISTRY.md").read_text()

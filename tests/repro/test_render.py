@@ -1,0 +1,148 @@
+"""The renderer on fixture numbers files: Tables 1-3 and macros.tex, every cell from a numbers file."""
+
+import re
+import shutil
+
+import pytest
+from conftest import REPO, paper_values, write_fixture
+
+from mistill.errors import UserError
+from mistill.repro.render import MISSING, render_paper
+
+TEMPLATES = REPO / "paper" / "templates"
+TABLE_IDS = {"table1": ["R-C3"],
+             "table2": ["R-D1", "R-D2", "R-D3", "R-D4", "R-D5", "R-D17", "R-D22", "R-D30"],
+             "table3": ["R-D6", "R-D12", "R-D13", "R-D15", "R-D17", "R-D22", "R-D27", "R-D30"]}
+ALL_TABLE_IDS = sorted({i for ids in TABLE_IDS.values() for i in ids})
+
+
+def render(registry, results, out, strict=False, templates=TEMPLATES):
+    return render_paper(registry, results_dir=results, out_dir=out, templates_dir=templates, profile="paper",
+                        strict=strict)
+
+
+@pytest.fixture
+def results(registry, tmp_path):
+    d = tmp_path / "results"
+    for rid in ALL_TABLE_IDS:
+        write_fixture(d, rid, paper_values(registry, rid))
+    return d
+
+
+def md_row(text, label):
+    return next(line for line in text.splitlines() if line.startswith(f"| {label} |")).split(" | ")
+
+
+def test_tables_render_every_cell_from_numbers_files(registry, results, tmp_path):
+    out = tmp_path / "build"
+    report = render(registry, results, out)
+    names = sorted(p.name for p in (out / "tables").iterdir())
+    assert names == ["table1.md", "table1.tex", "table2.md", "table2.tex", "table3.md", "table3.tex"]
+    for name in names:
+        assert MISSING not in (out / "tables" / name).read_text(), name
+    assert not any(k.startswith("tables/") for k in report.missing)
+    t1 = (out / "tables" / "table1.md").read_text()
+    assert md_row(t1, "top-8")[1:] == ["0.62", "0.78", "0.63 |"]
+    assert md_row(t1, "notes: top-40 beats random")[1:] == ["100", "100", "92 |"]
+    t2 = (out / "tables" / "table2.tex").read_text()
+    assert r"Vanilla CoT-KD (fp32) & 0.187 $\pm$ 0.007 & -- & 0.267 & 0.173 & 1.516 & 0.888 & -- & 0.791 \\" in t2
+    t3 = (out / "tables" / "table3.md").read_text()
+    assert md_row(t3, "untrained")[1] == "0.946 (0.043)"
+    assert md_row(t3, "Mistill, seeds")[3] == "0.873 / 0.870 / 0.874"
+
+
+@pytest.mark.parametrize("table, rid, key, new, label, column", [
+    ("table1", "R-C3", "necessity_top8_p1", 0.71, "top-8", 1),
+    ("table2", "R-D4", "opd_las", 0.333, "OPD (1 seed)", 3),
+    ("table3", "R-D27", "mean_of_per_seed_medians", 0.699, "Mistill (mean of seed medians)", 3),
+])
+def test_changing_one_number_moves_its_cell(registry, results, tmp_path, table, rid, key, new, label, column):
+    render(registry, results, tmp_path / "before")
+    write_fixture(results, rid, paper_values(registry, rid, **{key: new}))
+    render(registry, results, tmp_path / "after")
+    before = (tmp_path / "before" / "tables" / f"{table}.md").read_text()
+    after = (tmp_path / "after" / "tables" / f"{table}.md").read_text()
+    assert md_row(after, label)[column].rstrip(" |") == f"{new}"
+    assert md_row(before, label)[column] != md_row(after, label)[column]
+    # Only that cell moved.
+    diff = [(a, b) for a, b in zip(before.splitlines(), after.splitlines()) if a != b]
+    assert len(diff) == 1
+    assert f"{new}" in (tmp_path / "after" / "tables" / f"{table}.tex").read_text()
+
+
+def test_normal_mode_shows_question_marks_and_says_which(registry, results, tmp_path):
+    (results / "R-C3.json").unlink()
+    report = render(registry, results, tmp_path / "build")
+    t1 = (tmp_path / "build" / "tables" / "table1.md").read_text()
+    assert md_row(t1, "top-8")[1:] == ["??", "??", "?? |"]
+    assert "R-C3.necessity_top8_p1" in report.missing["tables/table1.md"]
+    assert "tables/table2.md" not in report.missing
+
+
+def test_strict_mode_fails_on_a_missing_number_and_writes_nothing(registry, results, tmp_path):
+    (results / "R-D27.json").unlink()
+    with pytest.raises(UserError) as err:
+        render(registry, results, tmp_path / "build", strict=True)
+    assert "strict" in str(err.value) and "\n" not in str(err.value)
+    assert not (tmp_path / "build").exists()
+
+
+def test_macros_hold_one_command_per_registered_value(registry, results, tmp_path):
+    render(registry, results, tmp_path / "build")
+    text = (tmp_path / "build" / "macros.tex").read_text()
+    commands = dict(re.findall(r"\\newcommand\{\\([A-Za-z]+)\}\{(.*)\}", text))
+    scalars = sum(len(registry.registered_keys(rid)) for rid in registry.results)
+    parts = sum(len(e.value) for vals in registry.expected("paper").values.values() for e in vals.values()
+                if isinstance(e.value, list))
+    assert len(commands) == scalars + parts
+    assert commands["RCthreeKnockinTopFortyPOne"] == "0.86"
+    assert commands["RDoneSmollmThreeThreeBUntrainedMOnePOnePTwoPTwoC"] == "0.731, 0.379, 0.721"
+    assert commands["RDoneSmollmThreeThreeBUntrainedMOnePOnePTwoPTwoCPartTwo"] == "0.379"
+    assert commands["RDthreeQwenFeaturekdMinusFpThirtyTwoVanilla"] == "$-$0.035"
+    assert commands["RConePOneEventCount"] == MISSING          # R-C1 has no fixture file
+
+
+def test_template_naming_an_unknown_key_is_an_error_with_no_output(registry, results, tmp_path):
+    templates = tmp_path / "templates"
+    shutil.copytree(TEMPLATES, templates)
+    (templates / "tables" / "table9.j2").write_text(
+        '{# reads: R-C3 #}\n{{ v("R-C3", "necessity_top9_p1")|cell(fmt) }}\n')
+    with pytest.raises(UserError) as err:
+        render(registry, results, tmp_path / "build", templates=templates)
+    assert "table9.j2: R-C3 has no registered value key 'necessity_top9_p1'" in str(err.value)
+    assert not (tmp_path / "build").exists()
+
+
+@pytest.mark.parametrize("body, message", [
+    ('{# reads: R-C3 #}\n{{ v("R-C4", "l30h11_rank_p2c")|cell(fmt) }}\n', "without declaring it"),
+    ('{# reads: R-C33 #}\nx\n', "reads unknown result id(s) R-C33"),
+    ('{{ v("R-C3", "necessity_top8_p1")|cell(fmt) }}\n', "must start with"),
+    ('{# reads: R-C3 #}\n{{ undefined_thing }}\n', "undefined"),
+])
+def test_bad_templates_are_one_line_errors(registry, results, tmp_path, body, message):
+    templates = tmp_path / "templates"
+    shutil.copytree(TEMPLATES, templates)
+    (templates / "tables" / "bad.j2").write_text(body)
+    with pytest.raises(UserError) as err:
+        render(registry, results, tmp_path / "build", templates=templates)
+    assert message in str(err.value) and "\n" not in str(err.value)
+    assert not (tmp_path / "build").exists()
+
+
+def test_malformed_numbers_file_stops_rendering_before_any_output(registry, results, tmp_path):
+    (results / "R-D5.json").write_text('{"id": "R-D5"')
+    with pytest.raises(UserError, match="malformed numbers file"):
+        render(registry, results, tmp_path / "build")
+    assert not (tmp_path / "build").exists()
+
+
+def test_cli_render_reports_missing_and_strict_exits_2(results, tmp_path, monkeypatch, capsys):
+    from mistill.cli import main
+
+    monkeypatch.chdir(REPO)
+    args = ["repro", "render", "--profile", "paper", "--results", str(results), "--out", str(tmp_path / "b")]
+    assert main(args) == 0
+    err = capsys.readouterr().err
+    assert "macros.tex: ?? for R-C1." in err
+    assert main(args + ["--strict"]) == 2
+    assert "strict" in capsys.readouterr().err
