@@ -8,10 +8,16 @@ pass through, e.g. `nox -s check_tolerances -- R-D6`.
 from __future__ import annotations
 
 import glob
+import os
+import sys
+from pathlib import Path
 
 import nox
 
 nox.options.default_venv_backend = "none"
+# Sessions run the tools of the interpreter that runs nox (`.venv/bin/nox` works without
+# activating the environment first).
+os.environ["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"
 nox.options.sessions = ["tests"]
 
 

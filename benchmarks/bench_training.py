@@ -27,29 +27,27 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
-import numpy as np  # noqa: E402
-import torch  # noqa: E402
+import numpy as np
+import torch
 
-from mistill.distill import arms  # noqa: E402
-from mistill.distill import buckets as bk  # noqa: E402
-from mistill.distill.mechanism import note_view, supervised_layers  # noqa: E402
-from mistill.distill.pooled_attention import LayerInputCapture  # noqa: E402
-from mistill.distill.pools import Pool, softmax_weights  # noqa: E402
-from mistill.distill.trainer import TrainConfig, make_optimizer, prepare_model  # noqa: E402
-from mistill.models.tokenizer_protocol import Encoding  # noqa: E402
-from mistill.world.prompt import build_prompt  # noqa: E402
+from mistill.distill import arms
+from mistill.distill import buckets as bk
+from mistill.distill.mechanism import note_view, supervised_layers
+from mistill.distill.pooled_attention import LayerInputCapture
+from mistill.distill.pools import Pool, softmax_weights
+from mistill.distill.trainer import TrainConfig, make_optimizer, prepare_model
+from mistill.models.tokenizer_protocol import Encoding
+from mistill.world.prompt import build_prompt
 
 SHAPES = {
     # Qwen3-4B (App. J.1): 36 layers of 32 heads, 8 key-value heads
-    "qwen3-4b": dict(hidden_size=2560, intermediate_size=9728, num_hidden_layers=36, num_attention_heads=32,
-                     num_key_value_heads=8, head_dim=128, vocab_size=151936),
-    "tiny": dict(hidden_size=64, intermediate_size=128, num_hidden_layers=4, num_attention_heads=4,
-                 num_key_value_heads=2, head_dim=16, vocab_size=2048),
+    "qwen3-4b": {"hidden_size": 2560, "intermediate_size": 9728, "num_hidden_layers": 36, "num_attention_heads": 32,
+                 "num_key_value_heads": 8, "head_dim": 128, "vocab_size": 151936},
+    "tiny": {"hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 4, "num_attention_heads": 4,
+             "num_key_value_heads": 2, "head_dim": 16, "vocab_size": 2048},
 }
 LETTERS = [c for c in "ABCDEFGHIJKLMNOPQRSTVWXYZ"]
-WORDS = ("chronic acute disease disorder unspecified without with complications of the left right upper lower "
-         "stage failure syndrome infection neoplasm malignant benign injury fracture pain deficiency type "
-         "history elevated reduced bilateral primary secondary mild moderate severe episode due other").split()
+WORDS = ["chronic", "acute", "disease", "disorder", "unspecified", "without", "with", "complications", "of", "the", "left", "right", "upper", "lower", "stage", "failure", "syndrome", "infection", "neoplasm", "malignant", "benign", "injury", "fracture", "pain", "deficiency", "type", "history", "elevated", "reduced", "bilateral", "primary", "secondary", "mild", "moderate", "severe", "episode", "due", "other"]
 
 
 class SyntheticTokenizer:
@@ -96,7 +94,7 @@ def synthetic_note(tok: SyntheticTokenizer, prompt_tokens: int, trace_tokens: in
     note_words = max(10, int(prompt_tokens * 0.18))
     note = " ".join(rng.choice(WORDS, note_words))
     prompt = build_prompt(note, lines)
-    sentences, mentioned, events = [], [], []
+    mentioned, events = [], []
     text = "<think>\n"
     while len(tok.encode(text).ids) < trace_tokens:
         if mentioned and rng.random() < 0.3:
@@ -125,6 +123,15 @@ def synthetic_note(tok: SyntheticTokenizer, prompt_tokens: int, trace_tokens: in
         text += sentence
     completion = text + f"\n</think>\n\n[\"{mentioned[0]}\"]"
     return prompt, completion, events
+
+
+def subsample_events(events: list[dict], counts: dict[str, int], rng: np.random.Generator) -> list[dict]:
+    """Keep at most counts[kind] events of each kind (seeded), in trace order."""
+    keep = []
+    for kind, n in counts.items():
+        idx = [i for i, e in enumerate(events) if e["kind"] == kind]
+        keep += rng.choice(idx, size=min(n, len(idx)), replace=False).tolist() if idx else []
+    return [events[i] for i in sorted(keep)]
 
 
 def random_pool(phase: str, n_layers: int, n_heads: int, k: int, rng: np.random.Generator) -> Pool:
@@ -174,14 +181,16 @@ def build_model(shape: str, device: str, seq_len: int):
 def run_arm(arm_name: str, args, batch: arms.NoteBatch, pools) -> dict:
     device = torch.device(args.device)
     model = build_model(args.shape, args.device, len(batch.ids))
-    cfg = TrainConfig(precision="bf16", gradient_checkpointing=True)
+    cfg = TrainConfig(precision="bf16", gradient_checkpointing=True,
+                      offload_checkpoints=bool(args.offload) and device.type == "cuda")
     model = prepare_model(model, cfg)
     opt, _ = make_optimizer(model, cfg, total_steps=10)
     arm = arms.ArmConfig(arm=arm_name, window=args.window, logit_chunk=args.logit_chunk, row_chunk=args.row_chunk)
-    capture = LayerInputCapture(model, supervised_layers(pools, pools["P1"])) if arm_name == "mistill" else None
+    rows_hook = SupervisedRows(model, supervised_layers(pools, pools["P1"]), row_chunk=args.row_chunk) \
+        if arm_name == "mistill" else None
 
     def micro_step():
-        loss, log = arms.note_loss(model, batch, arm, pools, capture)
+        loss, log = arms.note_loss(model, batch, arm, pools, rows_hook)
         loss.backward()
         return log
 
@@ -203,6 +212,7 @@ def run_arm(arm_name: str, args, batch: arms.NoteBatch, pools) -> dict:
         logs.append(micro_step())
         sync()
         times.append(time.perf_counter() - t0)
+    peak_micro = torch.cuda.max_memory_allocated(device) if device.type == "cuda" else None
     t0 = time.perf_counter()
     torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
     opt.step()
@@ -212,13 +222,10 @@ def run_arm(arm_name: str, args, batch: arms.NoteBatch, pools) -> dict:
     peak = torch.cuda.max_memory_allocated(device) if device.type == "cuda" else None
     out = {"seconds_per_note": float(np.mean(times)), "seconds_per_note_all": times,
            "optimizer_step_s": opt_time, "peak_memory_gib": None if peak is None else peak / 2**30,
+           "peak_forward_backward_gib": None if peak_micro is None else peak_micro / 2**30,
            "loss": logs[-1]["loss"], "log": {k: v for k, v in logs[-1].items() if isinstance(v, float)}}
-    if capture is not None:
-        capture.remove()
-    del model, opt
-    gc.collect()
-    if device.type == "cuda":
-        torch.cuda.empty_cache()
+    if rows_hook is not None:
+        rows_hook.remove()
     return out
 
 
@@ -230,8 +237,12 @@ def main(argv=None) -> int:
     ap.add_argument("--trace-tokens", type=int, default=6000)
     ap.add_argument("--pool-k", type=int, default=40)
     ap.add_argument("--window", type=int, default=8)
+    ap.add_argument("--events", type=int, default=255, help="events per note (paper median 255, App. I.5)")
+    ap.add_argument("--p1-events", type=int, default=38, help="P1 events (562 rows = 255 + 8 x 38)")
+    ap.add_argument("--p2c-events", type=int, default=20)
     ap.add_argument("--notes", type=int, default=2, help="measured micro-steps per arm (after one warm-up)")
-    ap.add_argument("--logit-chunk", type=int, default=1024)
+    ap.add_argument("--logit-chunk", type=int, default=256)
+    ap.add_argument("--offload", type=int, default=1, help="hold checkpointed layer inputs in host memory (1/0)")
     ap.add_argument("--row-chunk", type=int, default=256)
     ap.add_argument("--arms", default="vanilla,mistill")
     ap.add_argument("--seed", type=int, default=0)
@@ -243,6 +254,9 @@ def main(argv=None) -> int:
     tok = SyntheticTokenizer(shape["vocab_size"])
     t0 = time.perf_counter()
     prompt, completion, events = synthetic_note(tok, args.prompt_tokens, args.trace_tokens, rng)
+    # App. I.5: per note a median of 255 events and 562 supervised rows (= 255 + 8 x ~38 P1 events)
+    events = subsample_events(events, {"P1": args.p1_events, "P2C": args.p2c_events,
+                                       "P2": args.events - args.p1_events - args.p2c_events}, rng)
     axis = bk.build_axis(prompt, completion)
     view = note_view(tok, axis, events, [e["competitors"] for e in events])
     n_layers, n_heads = shape["num_hidden_layers"], shape["num_attention_heads"]
@@ -264,9 +278,13 @@ def main(argv=None) -> int:
                "events": {k2: kinds.count(k2) for k2 in ("P1", "P2", "P2C")},
                "supervised_rows": len(kinds) + sum(1 for k2 in kinds if k2 == "P1") * args.window,
                "pool_k": k, "pool_layers": len(supervised_layers(pools, pools["P1"])), "setup_s": setup_s,
-               "precision": "bf16 weights, no fp32 master copy, AdamW, gradient checkpointing, sdpa", "arms": {}}
+               "precision": "bf16 weights, no fp32 master copy, fused AdamW, gradient checkpointing, sdpa",
+               "offload_checkpoints": bool(args.offload), "logit_chunk": args.logit_chunk, "arms": {}}
     for name in args.arms.split(","):
         summary["arms"][name] = run_arm(name, args, batch, pools)
+        gc.collect()  # the arm's model and optimiser are gone; free their memory before the next arm
+        if args.device.startswith("cuda"):
+            torch.cuda.empty_cache()
     if {"vanilla", "mistill"} <= set(summary["arms"]):
         v, m = summary["arms"]["vanilla"], summary["arms"]["mistill"]
         summary["mistill_over_vanilla_time"] = m["seconds_per_note"] / v["seconds_per_note"]

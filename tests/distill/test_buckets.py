@@ -8,7 +8,6 @@ from mistill.models.tokenizers import qwen3_tokenizer, smollm3_tokenizer
 from mistill.world import prompt as pf
 
 
-
 def test_axis_layout(note_prompt, completion, lines):
     axis = bk.build_axis(note_prompt, completion)
     kinds = [b.kind for b in axis.base]
@@ -20,7 +19,7 @@ def test_axis_layout(note_prompt, completion, lines):
     assert all(a.end == b.start for a, b in zip(axis.base, axis.base[1:]))
     line = axis.base[axis.line_of_code["N18.9"] - 1]
     assert note_prompt[line.start:line.end].rstrip("\n") == lines[2]
-    instr = [b for b in axis.base if b.kind == "instruction"][0]
+    instr = next(b for b in axis.base if b.kind == "instruction")
     assert note_prompt[instr.start:instr.end].strip().startswith(pf.ROLE_SENTENCE)
     assert axis.n_buckets == 1 + len(axis.base) + 5
 
@@ -72,7 +71,7 @@ def test_both_tokenizers_pool_onto_one_axis(note_prompt, completion):
 
 def test_carving_at_p2c(note_prompt, completion, events, lines):
     axis = bk.build_axis(note_prompt, completion)
-    p2c = [e for e in events if e["kind"] == "P2C"][0]
+    p2c = next(e for e in events if e["kind"] == "P2C")
     ranges = bk.carve_ranges(axis, p2c)
     by_slot = {}
     for s, e, slot in ranges:

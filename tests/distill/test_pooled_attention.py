@@ -18,7 +18,7 @@ def test_rows_match_eager_attention_and_o_proj_input(family):
     torch.manual_seed(0)
     model = _tiny(family)
     ids = torch.randint(2, 50, (1, 23))
-    layers = [1, 3]  # for smollm3 with interval 2, layer 1 / 3 are NoPE layers, 0 / 2 use RoPE
+    # smollm3 with interval 2 alternates RoPE and NoPE layers; all four layers are checked
     z_seen = {}
     hooks = [model.model.layers[l].self_attn.o_proj.register_forward_pre_hook(
         lambda m, a, l=l: z_seen.__setitem__(l, a[0].detach())) for l in range(4)]
@@ -44,20 +44,34 @@ def test_rows_match_eager_attention_and_o_proj_input(family):
     cap.remove()
 
 
-def test_pooled_rows_gradient_reaches_projections_under_checkpointing():
+def _pooled_loss_grads(checkpointing: bool, nested: bool):
     model = _tiny("qwen3").train()
-    model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     model.config._attn_implementation = "sdpa"
-    ids = torch.randint(2, 50, (1, 17))
-    cap = pa.LayerInputCapture(model, [2])
-    cap.start()
+    if checkpointing:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    ids = torch.randint(2, 50, (1, 17), generator=torch.Generator().manual_seed(1))
+    hook = pa.SupervisedRows(model, [1, 2], row_chunk=1, nested_checkpoint=nested)
+    pools = [pa.LayerPool(1, torch.tensor([0]), torch.tensor([0.4])),
+             pa.LayerPool(2, torch.tensor([1, 2]), torch.tensor([0.4, 0.2]))]
+    buckets = torch.randint(0, 5, (17,), generator=torch.Generator().manual_seed(2))
+    hook.arm([pa.RowRequest("P1", torch.tensor([5, 16]), buckets, pools, with_writes=True)], 5)
     out = model(input_ids=ids)
-    cap.stop()
-    pools = [pa.LayerPool(2, torch.tensor([1, 2]), torch.tensor([0.7, 0.3]))]
-    buckets = torch.randint(0, 5, (17,))
-    pooled, _ = pa.pooled_rows(model, cap, pools, torch.tensor([5, 16]), buckets, 5, row_chunk=1)
-    assert torch.allclose(pooled.sum(-1), torch.ones(2), atol=1e-5)
-    (pooled[:, 0].sum() + out.logits.float().mean()).backward()
-    assert model.model.layers[2].self_attn.q_proj.weight.grad.abs().sum() > 0
-    assert model.model.layers[1].mlp.up_proj.weight.grad.abs().sum() > 0
-    cap.remove()
+    hook.stop_recording()
+    pooled, writes = hook.collect()["P1"]
+    loss = (pooled[:, 0] * torch.tensor([1.0, 2.0])).sum() + writes.float().pow(2).mean() + out.logits.float().mean()
+    loss.backward()
+    hook.remove()
+    return pooled.detach(), {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+
+
+def test_rows_inside_checkpointed_layers_give_the_plain_gradients():
+    """The pooled rows and their gradients are the same with and without (nested) checkpointing."""
+    ref_pooled, ref = _pooled_loss_grads(False, False)
+    assert torch.allclose(ref_pooled.sum(-1), torch.ones(2), atol=1e-5)
+    assert ref["model.layers.2.self_attn.q_proj.weight"].abs().sum() > 0
+    assert ref["model.layers.1.self_attn.k_proj.weight"].abs().sum() > 0
+    for checkpointing, nested in ((True, False), (True, True)):
+        pooled, grads = _pooled_loss_grads(checkpointing, nested)
+        assert torch.allclose(pooled, ref_pooled, atol=1e-6)
+        for name, g in ref.items():
+            assert torch.allclose(grads[name], g, atol=1e-6, rtol=1e-4), name

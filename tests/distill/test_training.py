@@ -6,8 +6,10 @@ import numpy as np
 import pytest
 import torch
 
-from mistill.distill import arms, pools as pl, targets as tg
-from mistill.distill.trainer import Trainer, TrainConfig, epoch_order
+from mistill.distill import arms
+from mistill.distill import pools as pl
+from mistill.distill import targets as tg
+from mistill.distill.trainer import TrainConfig, Trainer, epoch_order
 from mistill.errors import UserError
 from mistill.io import write_jsonl
 from mistill.models.architectures import TinyArchitecture, build_model
@@ -53,8 +55,8 @@ def setup(tmp_path, note_prompt, completion, events):
     out = tmp_path / "targets"
     manifest = tg.compute_targets(teacher, tok, traces, events_dir, out, t_pools, prose, window=8, topk=8,
                                   teacher_id="tiny-teacher", provenance={})
-    return dict(tok=tok, teacher=teacher, out=out, manifest=manifest, note_prompt=note_prompt, completion=completion,
-                events=events, events_dir=events_dir, traces=traces)
+    return {"tok": tok, "teacher": teacher, "out": out, "manifest": manifest, "note_prompt": note_prompt,
+            "completion": completion, "events": events, "events_dir": events_dir, "traces": traces}
 
 
 def test_targets_files_and_teacher_record(setup):

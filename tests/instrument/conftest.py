@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import importlib.util
 from pathlib import Path
 
@@ -10,6 +12,15 @@ import torch
 from tokenizers import Tokenizer
 from transformers import Qwen3Config, Qwen3ForCausalLM
 
+from mistill.instrument.passes import (
+    InstrumentConfig,
+    run_attribution,
+    run_calibration,
+    run_events,
+    run_knockin,
+    run_selftest,
+)
+from mistill.io import write_jsonl
 from mistill.models.tokenizer_protocol import Encoding
 
 torch.set_num_threads(1)
@@ -73,3 +84,45 @@ def small_model():
 def qwen_model(tokenizer):
     """A tiny Qwen3 over the real Qwen3 vocabulary (hand-made trace texts)."""
     return tiny_qwen3(tokenizer.vocab_size, layers=2, heads=4, kv_heads=2, seed=1)
+
+
+# ---- a small characterization world: hand-made traces through every pass ----------------------------
+
+INVENTORY = [("N18.3", "chronic kidney disease stage 3"), ("N18.4", "chronic kidney disease stage 4"),
+             ("E11.9", "type 2 diabetes"), ("E11.65", "type 2 diabetes with hyperglycemia"),
+             ("I10", "essential hypertension"), ("J44.1", "copd with exacerbation"), ("K21.9", "reflux")]
+PROSE = "the summary was read again and the findings were weighed with care before any choice"
+
+
+def _completion(codes):
+    lines = [f"{c} {d}, considered." for c, d in codes]
+    return ("<think>\n" + PROSE + ".\n" + "\n".join(lines) + "\n" + PROSE + " " + PROSE + ".\n</think>\n\n"
+            + json.dumps([c for c, _ in codes]))
+
+
+def _write_world(tmp_path, extra_traces=()):
+    write_jsonl(tmp_path / "inventory.jsonl", [{"code": c, "description": d} for c, d in INVENTORY])
+    picks = [[0, 1, 2, 4], [2, 3, 5, 0, 1], [6, 4, 0, 1, 0]]
+    traces = [{"note_id": f"note{i}", "prompt": "a discharge summary " * 5,
+               "completion": _completion([INVENTORY[j] for j in pick])} for i, pick in enumerate(picks)]
+    write_jsonl(tmp_path / "traces.jsonl", traces + list(extra_traces))
+    return InstrumentConfig(traces=str(tmp_path / "traces.jsonl"), inventory=str(tmp_path / "inventory.jsonl"),
+                            out_dir=str(tmp_path / "HD-001"), teacher="unused", n_null=6, nominees_topk=3,
+                            nominees_global_topk=2, bins=(2, 4, 8), pool_k=4, summary_top_k=2,
+                            recurrence_top_k=2, selftest_events=2, selftest_top_k=3, selftest_repeats=2)
+
+
+@pytest.fixture(scope="session")
+def world(tmp_path_factory, qwen_model, tokenizer):
+    tmp_path = tmp_path_factory.mktemp("world")
+    bad = [{"note_id": "bad_unknown", "prompt": "p", "completion": _completion([("Z99.89", "x"), INVENTORY[0]])},
+           {"note_id": "bad_empty", "prompt": "p", "completion": "<think>\nnothing to code here.\n</think>\n\n[]"}]
+    cfg = _write_world(tmp_path, bad)
+    params = {"profile": "test", "instrument": cfg.as_dict()}
+    kw = dict(model=qwen_model, tokenizer=tokenizer)
+    events = run_events(cfg, params, **kw)
+    run_attribution(cfg, params, **kw)
+    calibration = run_calibration(cfg, params)
+    faithfulness = run_knockin(cfg, params, **kw)
+    selftest = run_selftest(cfg, params, **kw)
+    return tmp_path, cfg, params, events, calibration, faithfulness, selftest

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 from mistill.instrument.hook import HeadHook, Replacement, knock_in, mean_ablation, zeroing
@@ -172,3 +173,44 @@ def test_gradient_enabled_forward_reproduces_the_plain_margin(small_model):
         assert torch.allclose(again, pre.logits[30], atol=1e-5)
     finally:
         hook.remove()
+
+
+def test_split_variant_attention_equals_masked_attention(small_model):
+    """The cache-once attention merged by log-sum-exp == the 4D-masked attention, every head ablated."""
+    ids = _ids(9)
+    hook = HeadHook(small_model)
+    try:
+        pre = prefill(small_model, hook, ids)
+        heads = [(l, h) for l in range(hook.n_layers) for h in range(hook.n_heads)]
+        mask = one_head_per_variant(hook.n_layers, hook.n_heads, heads)
+        for q in (44, 17):
+            split = forward_variants(small_model, hook, pre.cache, q, ids[q], mean_ablation(mask, pre.mu),
+                                     mask.shape[1], split_attention=True)
+            masked = forward_variants(small_model, hook, pre.cache, q, ids[q], mean_ablation(mask, pre.mu),
+                                      mask.shape[1], split_attention=False)
+            assert (split - masked).abs().max() < 1e-5
+            assert (split[1:] - split[:1]).abs().max() > 1e-3  # the variants differ
+    finally:
+        hook.remove()
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_split_attention_on_cuda_bf16_matches_the_fp32_masked_path():
+    """The flash-attention path (bf16, CUDA) against the masked path of the same model in float32."""
+    from conftest import tiny_qwen3
+
+    model32 = tiny_qwen3(211, layers=3, heads=8, kv_heads=2, head_dim=64).cuda()
+    model16 = tiny_qwen3(211, layers=3, heads=8, kv_heads=2, head_dim=64).cuda().to(torch.bfloat16)
+    ids = _ids(10, n=300)
+    results = []
+    for model, split in ((model32, False), (model16, True)):
+        hook = HeadHook(model)
+        pre = prefill(model, hook, ids)
+        heads = [(l, h) for l in range(hook.n_layers) for h in range(hook.n_heads)]
+        mask = one_head_per_variant(hook.n_layers, hook.n_heads, heads).cuda()
+        results.append(forward_variants(model, hook, pre.cache, 250, ids[250], mean_ablation(mask, pre.mu),
+                                        mask.shape[1], split_attention=split).float().cpu())
+        hook.remove()
+    m32, m16 = (margin(r, 5, [7, 11, 13]) for r in results)
+    assert (m32 - m16).abs().max() < 0.1  # bf16 rounding only

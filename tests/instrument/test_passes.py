@@ -5,57 +5,8 @@ from __future__ import annotations
 import json
 
 import numpy as np
-import pytest
 
-from mistill.instrument.passes import (
-    InstrumentConfig,
-    artifact_state,
-    run_attribution,
-    run_calibration,
-    run_events,
-    run_knockin,
-    run_selftest,
-)
-from mistill.io import write_jsonl
-
-INVENTORY = [("N18.3", "chronic kidney disease stage 3"), ("N18.4", "chronic kidney disease stage 4"),
-             ("E11.9", "type 2 diabetes"), ("E11.65", "type 2 diabetes with hyperglycemia"),
-             ("I10", "essential hypertension"), ("J44.1", "copd with exacerbation"), ("K21.9", "reflux")]
-PROSE = "the summary was read again and the findings were weighed with care before any choice"
-
-
-def _completion(codes):
-    lines = [f"{c} {d}, considered." for c, d in codes]
-    return ("<think>\n" + PROSE + ".\n" + "\n".join(lines) + "\n" + PROSE + " " + PROSE + ".\n</think>\n\n"
-            + json.dumps([c for c, _ in codes]))
-
-
-def _write_world(tmp_path, extra_traces=()):
-    write_jsonl(tmp_path / "inventory.jsonl", [{"code": c, "description": d} for c, d in INVENTORY])
-    picks = [[0, 1, 2, 4], [2, 3, 5, 0, 1], [6, 4, 0, 1, 0]]
-    traces = [{"note_id": f"note{i}", "prompt": "a discharge summary " * 5,
-               "completion": _completion([INVENTORY[j] for j in pick])} for i, pick in enumerate(picks)]
-    write_jsonl(tmp_path / "traces.jsonl", traces + list(extra_traces))
-    return InstrumentConfig(traces=str(tmp_path / "traces.jsonl"), inventory=str(tmp_path / "inventory.jsonl"),
-                            out_dir=str(tmp_path / "HD-001"), teacher="unused", n_null=6, nominees_topk=3,
-                            nominees_global_topk=2, bins=(2, 4, 8), pool_k=4, summary_top_k=2,
-                            recurrence_top_k=2, selftest_events=2, selftest_top_k=3, selftest_repeats=2)
-
-
-@pytest.fixture(scope="module")
-def world(tmp_path_factory, qwen_model, tokenizer):
-    tmp_path = tmp_path_factory.mktemp("world")
-    bad = [{"note_id": "bad_unknown", "prompt": "p", "completion": _completion([("Z99.89", "x"), INVENTORY[0]])},
-           {"note_id": "bad_empty", "prompt": "p", "completion": "<think>\nnothing to code here.\n</think>\n\n[]"}]
-    cfg = _write_world(tmp_path, bad)
-    params = {"profile": "test", "instrument": cfg.as_dict()}
-    kw = dict(model=qwen_model, tokenizer=tokenizer)
-    events = run_events(cfg, params, **kw)
-    run_attribution(cfg, params, **kw)
-    calibration = run_calibration(cfg, params)
-    faithfulness = run_knockin(cfg, params, **kw)
-    return tmp_path, cfg, params, events, calibration, faithfulness
-
+from mistill.instrument.passes import artifact_state, run_attribution, run_events
 
 def test_bad_notes_are_skipped_with_a_reason(world):
     tmp_path, cfg, params, events, *_ = world
@@ -87,7 +38,7 @@ def test_pass_artifacts_and_head_sets(world):
 
 
 def test_knocking_in_all_heads_restores_the_clean_margin_at_every_event(world):
-    tmp_path, cfg, params, events, calibration, faithfulness = world
+    tmp_path, cfg, params, events, calibration, faithfulness, _ = world
     n_knocked = 0
     for note in ("note0", "note1", "note2"):
         for row in map(json.loads, open(tmp_path / "HD-001" / note / "patch2.jsonl")):
@@ -118,9 +69,8 @@ def test_passes_resume_and_recompute_a_corrupt_artifact(world, qwen_model, token
     assert "note2/events.jsonl is corrupt (unfinished" in err and "1 computed, 2 already done" in err
 
 
-def test_selftest_reports_fidelity_for_both_hooks(world, qwen_model, tokenizer):
-    tmp_path, cfg, params, *_ = world
-    summary = run_selftest(cfg, params, model=qwen_model, tokenizer=tokenizer)
+def test_selftest_reports_fidelity_for_both_hooks(world):
+    summary = world[-1]
     assert summary["n_events"] == 2 and summary["n_heads"] == 8
     assert summary["forward_margin_noise_sd"] < 1e-5  # CPU forwards repeat exactly
     for hook in ("intact", "detached"):

@@ -20,8 +20,8 @@ from torch.utils.checkpoint import checkpoint
 
 from mistill.distill import buckets as bk
 from mistill.distill import objective as obj
-from mistill.distill.mechanism import NoteView, mechanism, note_view
-from mistill.distill.pooled_attention import LayerInputCapture
+from mistill.distill.mechanism import NoteView, note_view, plan_rows, read_mechanism
+from mistill.distill.pooled_attention import SupervisedRows
 from mistill.distill.pools import Pool
 from mistill.errors import UserError
 
@@ -38,7 +38,7 @@ class ArmConfig:
     window: int = 8
     kl_weight: float = 1.0
     eps: float = 1e-6
-    logit_chunk: int = 1024
+    logit_chunk: int = 256
     row_chunk: int = 256
 
     def __post_init__(self):
@@ -150,11 +150,9 @@ def _align(student_index: torch.Tensor, teacher_index: np.ndarray):
     return [p[0] for p in pairs], [p[1] for p in pairs]
 
 
-def mechanism_terms(model, capture: LayerInputCapture, batch: NoteBatch, pools: dict[str, Pool], arm: ArmConfig):
-    """Per-phase objective terms for one note after a forward that ran with `capture` active."""
-    mech = mechanism(model, batch.view, batch.events, capture, pools, pools["P1"], arm.window,
-                     row_chunk=arm.row_chunk)
-    device = next(model.parameters()).device
+def mechanism_terms(mech: dict, batch: NoteBatch, arm: ArmConfig, device) -> dict[str, dict[str, torch.Tensor]]:
+    """Per-phase objective terms of one note from the student's pooled quantities `mech`
+    (mistill.distill.mechanism.read_mechanism) and the note's teacher targets."""
     per_phase: dict[str, dict[str, torch.Tensor]] = {}
     for phase in ("P1", "P2", "P2C"):
         s, t = mech[phase], batch.teacher.get(phase)
@@ -165,6 +163,7 @@ def mechanism_terms(model, capture: LayerInputCapture, batch: NoteBatch, pools: 
             continue
         s_rows, t_rows = s["rows"][si], torch.from_numpy(t["rows"][ti]).to(device)
         if phase == "P1" and mech["window"] is not None and "window" in batch.teacher:
+            # window rows are paired by (event, token distance before it): App. I.1
             sw, tw = mech["window"], batch.teacher["window"]
             t_key = {(int(e), int(d)): i for i, (e, d) in enumerate(zip(tw["event_index"], tw["distance"]))}
             pairs = [(i, t_key[(int(e), int(d))]) for i, (e, d) in
@@ -180,21 +179,28 @@ def mechanism_terms(model, capture: LayerInputCapture, batch: NoteBatch, pools: 
 
 
 def note_loss(model, batch: NoteBatch, arm: ArmConfig, pools: dict[str, Pool] | None = None,
-              capture: LayerInputCapture | None = None) -> tuple[torch.Tensor, dict]:
-    """One note's loss under the arm, and a log of its pieces."""
+              rows_hook: SupervisedRows | None = None) -> tuple[torch.Tensor, dict]:
+    """One note's loss under the arm, and a log of its pieces.
+
+    For Mistill, `rows_hook` (SupervisedRows on the student's pooled layers) computes the pooled
+    rows inside the forward; it stays armed until the next note so the backward recompute finds
+    the same plan.
+    """
     device = next(model.parameters()).device
     ids = batch.ids.to(device)[None]
-    if capture is not None:
-        capture.start()
+    plan = None
+    if arm.arm == "mistill":
+        plan = plan_rows(batch.view, batch.events, pools, pools["P1"], arm.window, device)
+        rows_hook.arm(plan.requests, plan.n_buckets)
     try:
         hidden = model.model(input_ids=ids).last_hidden_state[0]
     finally:
-        if capture is not None:
-            capture.stop()
+        if rows_hook is not None:
+            rows_hook.stop_recording()
     cot, log = cot_loss(model, hidden, batch, arm)
     if arm.arm == "vanilla":
         return cot, {"loss": float(cot.detach()), "cot": float(cot.detach()), **log}
-    per_phase = mechanism_terms(model, capture, batch, pools, arm)
+    per_phase = mechanism_terms(read_mechanism(model, plan, rows_hook), batch, arm, device)
     total = obj.mistill_loss(cot, per_phase, arm.lambda_p1, arm.lambda_p2)
     log.update({"loss": float(total.detach()), "cot": float(cot.detach())})
     for phase, terms in per_phase.items():

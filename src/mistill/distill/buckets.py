@@ -24,6 +24,7 @@ from __future__ import annotations
 import bisect
 import re
 from dataclasses import dataclass, field
+from itertools import pairwise
 
 import numpy as np
 
@@ -87,7 +88,7 @@ def sentence_pieces(text: str, offset: int, cap: int = TRACE_PIECE_CHARS) -> lis
     characters; a single sentence longer than cap is cut every cap characters."""
     ends = [m.end() for m in _SENTENCE_END.finditer(text)]
     bounds = sorted({0, *ends, len(text)})
-    sentences = [(a, b) for a, b in zip(bounds, bounds[1:]) if b > a]
+    sentences = [(a, b) for a, b in pairwise(bounds) if b > a]
     pieces: list[tuple[int, int]] = []
     cur: tuple[int, int] | None = None
     for a, b in sentences:
@@ -140,7 +141,7 @@ def build_axis(prompt: str, completion: str) -> BucketAxis:
     base.append(Bucket("instruction", instruction_at, len(prompt)))
     base.extend(Bucket("trace", a, b) for a, b in sentence_pieces(completion, len(prompt)))
     # tile: every bucket extends to the next one's start
-    tiled = [Bucket(b.kind, b.start, nxt.start, b.code) for b, nxt in zip(base, base[1:])] + [base[-1]]
+    tiled = [Bucket(b.kind, b.start, nxt.start, b.code) for b, nxt in pairwise(base)] + [base[-1]]
     return BucketAxis(prompt, completion, tiled, line_of_code)
 
 

@@ -63,7 +63,8 @@ def cmd_targets(args) -> int:
 def cmd_train(args) -> int:
     import torch
 
-    from mistill.distill import arms, pools as pl
+    from mistill.distill import arms
+    from mistill.distill import pools as pl
     from mistill.distill.targets import check_teacher, read_note_targets, teacher_fingerprint
     from mistill.distill.trainer import TrainConfig, Trainer
     from mistill.io import provenance

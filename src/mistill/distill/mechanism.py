@@ -20,8 +20,9 @@ import torch
 
 from mistill.distill import buckets as bk
 from mistill.distill.alignment import CompetitorMap, RealizedEvent, realize_events, window_rows
-from mistill.distill.objective import contribution, event_margins, margin_direction, region_mass
-from mistill.distill.pooled_attention import LayerInputCapture, pooled_rows
+from mistill.distill.objective import (competitor_matrix, contribution, event_margins, margin_direction,
+                                       region_mass)
+from mistill.distill.pooled_attention import RowRequest, SupervisedRows
 from mistill.distill.pools import Pool
 
 PHASES = ("P1", "P2", "P2C")
@@ -58,60 +59,97 @@ def supervised_layers(pools: dict[str, Pool], window_pool: Pool | None) -> list[
     return sorted(layers)
 
 
-def _bucket_rows(view: NoteView, events: list[dict], realized: list[RealizedEvent], device) -> torch.Tensor:
-    axis = view.tokens.axis
-    index = np.stack([view.tokens.carved_index(bk.carve_ranges(axis, events[ev.index])) for ev in realized]) \
-        if realized else np.zeros((0, len(view.ids)), dtype=np.int64)
-    return torch.from_numpy(index).to(device)
-
-
-def mechanism(model, view: NoteView, events: list[dict], capture: LayerInputCapture, pools: dict[str, Pool],
-              window_pool: Pool | None, window: int, *, row_chunk: int = 256,
-              use_checkpoint: bool = True) -> dict:
-    """The pooled quantities after a forward pass that ran with `capture` active.
-
-    Returns {phase: {"rows", "m", "c", "margin", "event_index"}, "window": {"rows", "event_index",
-    "distance"}}, tensors on the model's device; gradients flow when grad mode is on.
-    """
-    device = next(model.parameters()).device
-    axis = view.tokens.axis
-    n_buckets = axis.n_buckets
-    out: dict = {}
-    final = capture.final_input[0]
-    for phase in PHASES:
+def _static_inputs(view: NoteView, events: list[dict], phase: str, device) -> dict:
+    """What a phase's rows need that does not depend on the weights (rows, carved bucket index,
+    region masks, target / competitor ids), built once per note and device and then reused."""
+    cache = view.__dict__.setdefault("_static", {})
+    key = (phase, str(device))
+    if key not in cache:
+        axis = view.tokens.axis
         realized = [ev for ev in view.realized if ev.kind == phase]
-        if not realized:
-            out[phase] = None
+        index = np.stack([view.tokens.carved_index(bk.carve_ranges(axis, events[ev.index])) for ev in realized])
+        # the chapter region of an event depends on its letter only: one mask per letter
+        by_letter: dict[str, np.ndarray] = {}
+        regions = []
+        for ev in realized:
+            letter = events[ev.index]["code"][:1]
+            if letter not in by_letter:
+                by_letter[letter] = bk.region_mask(axis, events[ev.index], phase != "P1")
+            regions.append(by_letter[letter])
+        cache[key] = {
+            "rows": torch.tensor([ev.row for ev in realized], device=device),
+            "bucket_index": torch.from_numpy(index).to(device),
+            "regions": torch.from_numpy(np.stack(regions)).to(device),
+            "targets": torch.tensor([ev.target_id for ev in realized], device=device),
+            "competitors": competitor_matrix([list(ev.competitor_ids) for ev in realized], device),
+            "event_index": torch.tensor([ev.index for ev in realized]),
+        }
+    return cache[key]
+
+
+@dataclass
+class MechanismPlan:
+    """The row requests of one note (for SupervisedRows.arm) and what reading them back needs."""
+
+    requests: list
+    n_buckets: int
+    static: dict
+    window_pairs: list[tuple[int, int]]   # (event index, distance) per window row
+
+
+def plan_rows(view: NoteView, events: list[dict], pools: dict[str, Pool], window_pool: Pool | None, window: int,
+              device) -> MechanismPlan:
+    """Event rows per kind (each with its kind's pool, carved at P2 / P2C) and the window rows
+    before P1 events (with `window_pool`), as row requests on `device`."""
+    requests, static = [], {}
+    for phase in PHASES:
+        if not any(ev.kind == phase for ev in view.realized):
             continue
-        rows = torch.tensor([ev.row for ev in realized], device=device)
-        bucket_index = _bucket_rows(view, events, realized, device)
-        layer_pools = [lp.to_device(device) for lp in pools[phase].by_layer()]
-        pooled, writes = pooled_rows(model, capture, layer_pools, rows, bucket_index, n_buckets,
-                                     with_writes=True, row_chunk=row_chunk, use_checkpoint=use_checkpoint)
-        regions = torch.from_numpy(np.stack([bk.region_mask(axis, events[ev.index], phase != "P1")
-                                             for ev in realized])).to(device)
-        with torch.no_grad():
-            h = final.index_select(0, rows)
-            norm = model.model.norm
-            logits = model.lm_head(norm(h)).float()
-            targets = torch.tensor([ev.target_id for ev in realized], device=device)
-            comps = [list(ev.competitor_ids) for ev in realized]
-            margins = event_margins(logits, targets, comps)
-            direction = margin_direction(h, norm.weight, norm.variance_epsilon, model.lm_head.weight,
-                                         targets, comps, logits)
-        weights = torch.cat([lp.weights for lp in layer_pools]).to(device)
-        c = contribution(writes, weights, direction, margins)
-        out[phase] = {"rows": pooled, "m": region_mass(pooled, regions), "c": c, "margin": margins,
-                      "event_index": torch.tensor([ev.index for ev in realized])}
-    out["window"] = None
+        st = static[phase] = _static_inputs(view, events, phase, device)
+        requests.append(RowRequest(phase, st["rows"], st["bucket_index"],
+                                   [lp.to_device(device) for lp in pools[phase].by_layer()], with_writes=True))
+    pairs: list[tuple[int, int]] = []
     p1 = [ev for ev in view.realized if ev.kind == "P1"]
     if window > 0 and window_pool is not None and p1:
-        pairs = [(ev.index, ev.row - r, r) for ev in p1 for r in window_rows(ev.row, window)]
-        rows = torch.tensor([r for _, _, r in pairs], device=device)
-        base = torch.from_numpy(view.tokens.base_index).to(device)
-        layer_pools = [lp.to_device(device) for lp in window_pool.by_layer()]
-        pooled, _ = pooled_rows(model, capture, layer_pools, rows, base, n_buckets, row_chunk=row_chunk,
-                                use_checkpoint=use_checkpoint)
-        out["window"] = {"rows": pooled, "event_index": torch.tensor([i for i, _, _ in pairs]),
-                         "distance": torch.tensor([d for _, d, _ in pairs])}
+        triples = [(ev.index, ev.row - r, r) for ev in p1 for r in window_rows(ev.row, window)]
+        pairs = [(i, d) for i, d, _ in triples]
+        cache = view.__dict__.setdefault("_static", {})
+        base = cache.setdefault(("base", str(device)), torch.from_numpy(view.tokens.base_index).to(device))
+        requests.append(RowRequest("window", torch.tensor([r for _, _, r in triples], device=device), base,
+                                   [lp.to_device(device) for lp in window_pool.by_layer()]))
+    return MechanismPlan(requests, view.tokens.axis.n_buckets, static, pairs)
+
+
+def read_mechanism(model, plan: MechanismPlan, rows_hook: SupervisedRows) -> dict:
+    """m, c and the pooled rows after a forward that ran with `rows_hook` armed with `plan`.
+
+    Returns {phase: {"rows", "m", "c", "margin", "event_index"} or None, "window": {"rows",
+    "event_index", "distance"} or None}; gradients flow when the forward ran with grad enabled.
+    """
+    results = rows_hook.collect()
+    final = rows_hook.final_input[0]
+    norm = model.model.norm
+    out: dict = {}
+    for phase in PHASES:
+        if phase not in plan.static:
+            out[phase] = None
+            continue
+        st = plan.static[phase]
+        pooled, writes = results[phase]
+        with torch.no_grad():
+            h = final.index_select(0, st["rows"])
+            logits = model.lm_head(norm(h)).float()
+            margins = event_margins(logits, st["targets"], st["competitors"])
+            direction = margin_direction(h, norm.weight, norm.variance_epsilon, model.lm_head.weight,
+                                         st["targets"], st["competitors"], logits)
+        request = next(r for r in plan.requests if r.key == phase)
+        weights = torch.cat([lp.weights for lp in request.layer_pools])
+        out[phase] = {"rows": pooled, "m": region_mass(pooled, st["regions"]),
+                      "c": contribution(writes, weights, direction, margins), "margin": margins,
+                      "event_index": st["event_index"]}
+    out["window"] = None
+    if "window" in results:
+        out["window"] = {"rows": results["window"][0],
+                         "event_index": torch.tensor([i for i, _ in plan.window_pairs]),
+                         "distance": torch.tensor([d for _, d in plan.window_pairs])}
     return out

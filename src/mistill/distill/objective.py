@@ -95,37 +95,52 @@ def region_mass(pooled_rows: torch.Tensor, region_mask: torch.Tensor) -> torch.T
     return (pooled_rows * region_mask.to(pooled_rows.dtype)).sum(-1)
 
 
+def competitor_matrix(competitor_ids: list[list[int]], device=None) -> torch.Tensor:
+    """Ragged competitor lists as one [E, C_max] long tensor padded with -1."""
+    width = max((len(c) for c in competitor_ids), default=0)
+    out = torch.full((len(competitor_ids), max(width, 1)), -1, dtype=torch.long)
+    for e, comps in enumerate(competitor_ids):
+        out[e, :len(comps)] = torch.tensor(comps, dtype=torch.long)
+    return out.to(device) if device is not None else out
+
+
+def _competitor_logits(logits: torch.Tensor, competitors: torch.Tensor) -> torch.Tensor:
+    """Logits of each event's competitors, -inf at the padding."""
+    gathered = logits.gather(-1, competitors.clamp_min(0))
+    return gathered.masked_fill(competitors < 0, float("-inf"))
+
+
+def event_margins(logits: torch.Tensor, target_ids: torch.Tensor, competitor_ids) -> torch.Tensor:
+    """margin = logit(target) - logsumexp(logits of the competitors), per event row. [E, V] -> [E].
+
+    competitor_ids: ragged lists or a padded [E, C] tensor (-1 = padding)."""
+    if logits.shape[0] == 0:
+        return logits.new_zeros(0)
+    comps = competitor_ids if torch.is_tensor(competitor_ids) else competitor_matrix(competitor_ids, logits.device)
+    target = logits.gather(-1, target_ids.to(logits.device)[:, None])[:, 0]
+    return target - torch.logsumexp(_competitor_logits(logits, comps.to(logits.device)), dim=-1)
+
+
 def margin_direction(final_hidden: torch.Tensor, norm_weight: torch.Tensor, norm_eps: float,
-                     unembed: torch.Tensor, target_ids: torch.Tensor, competitor_ids: list[list[int]],
+                     unembed: torch.Tensor, target_ids: torch.Tensor, competitor_ids,
                      logits: torch.Tensor) -> torch.Tensor:
     """d_e = J_norm^T W_U^T (e_target - softmax_C(competitor logits)), detached.
 
     final_hidden: [E, D] residual stream entering the final RMSNorm at the decision rows q;
     unembed: [V, D]; logits: [E, V] at the same rows.  The RMSNorm y = g * x / rms(x) is frozen
-    and linear: J = diag(g) / rms(x).
+    and linear: J = diag(g) / rms(x).  The unembedding is read only at the target and competitor ids.
     """
     final_hidden = final_hidden.detach().float()
     logits = logits.detach().float()
-    rows = []
-    for e in range(final_hidden.shape[0]):
-        comp = torch.tensor(competitor_ids[e], device=logits.device, dtype=torch.long)
-        coeff = torch.zeros(logits.shape[-1], device=logits.device)
-        coeff[comp] = -torch.softmax(logits[e, comp], dim=-1)
-        coeff[target_ids[e]] += 1.0
-        rows.append(coeff)
-    u = torch.stack(rows)                                   # [E, V]
-    w_u = u @ unembed.detach().float()                      # [E, D]
+    comps = competitor_ids if torch.is_tensor(competitor_ids) else competitor_matrix(competitor_ids, logits.device)
+    comps = comps.to(logits.device)
+    coeff = -torch.softmax(_competitor_logits(logits, comps), dim=-1)          # [E, C]
+    ids = torch.cat([target_ids.to(logits.device)[:, None], comps.clamp_min(0)], dim=1)  # [E, 1 + C]
+    coeff = torch.cat([torch.ones_like(coeff[:, :1]), coeff.masked_fill(comps < 0, 0.0)], dim=1)
+    rows = unembed.detach().float()[ids]                                       # [E, 1 + C, D]
+    w_u = torch.einsum("ec,ecd->ed", coeff, rows)
     rms = final_hidden.pow(2).mean(-1, keepdim=True).add(norm_eps).rsqrt()
     return w_u * norm_weight.detach().float() * rms
-
-
-def event_margins(logits: torch.Tensor, target_ids: torch.Tensor, competitor_ids: list[list[int]]) -> torch.Tensor:
-    """margin = logit(target) - logsumexp(logits of the competitors), per event row. [E, V] -> [E]."""
-    out = []
-    for e in range(logits.shape[0]):
-        comp = torch.tensor(competitor_ids[e], device=logits.device, dtype=torch.long)
-        out.append(logits[e, target_ids[e]] - torch.logsumexp(logits[e, comp], dim=-1))
-    return torch.stack(out) if out else logits.new_zeros(0)
 
 
 def contribution(head_writes: torch.Tensor, head_weights: torch.Tensor, direction: torch.Tensor,

@@ -1,15 +1,15 @@
 """Attention rows and head writes at the supervised positions only (App. I.5).
 
-The student's pooled attention is never read from full attention matrices.  The input hidden
-state of every pooled layer is captured during the (gradient-checkpointed, sdpa) forward; at the
-supervised rows only, the layer's own q/k/v projections, q/k RMSNorms and rotary embeddings
-recompute the attention probabilities of the pooled heads:
+The student's pooled attention is never read from full attention matrices.  Inside each pooled
+layer's own (gradient-checkpointed, sdpa) forward, at the supervised rows only, the layer's own
+q/k/v projections, q/k RMSNorms and rotary embeddings recompute the attention probabilities of the
+pooled heads from the layer's input hidden state:
 
     alpha^h_{q,j} = softmax_j( <RoPE(norm_q(W_Q^h x_q)), RoPE(norm_k(W_K^{g(h)} x_j))> / sqrt(d) ),  j <= q
 
 and the heads' outputs z_h = sum_j alpha^h_{q,j} W_V^{g(h)} x_j and writes z_h W_O^h are rebuilt
-from the same rows (for c, Eq. D).  Each layer's recompute runs inside its own checkpoint, in row
-chunks, so only [rows, buckets] survives to the backward pass.  SmolLM3's NoPE layers skip RoPE.
+from the same rows (for c, Eq. D).  Only [rows, buckets] and the writes survive the forward; the
+rest is recomputed with the layer in backward (`SupervisedRows`).  SmolLM3's NoPE layers skip RoPE.
 """
 
 from __future__ import annotations
@@ -127,43 +127,110 @@ class LayerPool:
     heads: torch.Tensor    # [h] long
     weights: torch.Tensor  # [h] float (w_h of the whole pool, not renormalised per layer)
 
-    def to_device(self, device) -> "LayerPool":
+    def to_device(self, device) -> LayerPool:
         return LayerPool(self.layer, self.heads.to(device), self.weights.to(device))
 
 
-def pooled_rows(model, capture: LayerInputCapture, layer_pools: Sequence[LayerPool], rows: torch.Tensor,
-                bucket_index: torch.Tensor, n_buckets: int, *, with_writes: bool = False,
-                row_chunk: int = 256, use_checkpoint: bool = True):
-    """Eq. A over a pool spread across layers: sum over layers of the layer's heads' pooled rows.
+@dataclass
+class RowRequest:
+    """One kind of supervised row: its positions, bucket index and pool (already on the device)."""
 
-    bucket_index: [R, T] (per-row carving) or [T].  Returns pooled [R, n_buckets] and, with_writes,
-    the per-head writes [R, H_pool, D] in the order of `layer_pools` (layer by layer).
+    key: str                      # "P1" | "P2" | "P2C" | "window"
+    rows: torch.Tensor            # [R] long
+    bucket_index: torch.Tensor    # [R, T] (carved per row) or [T]
+    layer_pools: list[LayerPool]
+    with_writes: bool = False
+
+
+class SupervisedRows:
+    """Forward pre-hooks that compute the supervised rows inside each pooled layer's own forward.
+
+    Running inside the decoder layer's call puts the computation inside the layer's gradient
+    checkpoint: nothing of it is kept after the forward, it is recomputed with the layer during
+    backward, and its gradient reaches the layer input exactly when the layer's own backward runs,
+    so no [T, D] gradient waits across layers.  Row chunks get their own nested checkpoint, so a
+    recompute holds one chunk's [heads, rows, T] probabilities at a time.  The hook also runs during
+    the backward recompute (the checkpoint needs the same saved tensors); only the forward's results
+    are kept (`recording`).  The final norm's input (the residual stream at every position) is
+    kept for the margin direction of Eq. D.
     """
-    total = None
-    writes_all = []
-    for lp in layer_pools:
-        hidden = capture.inputs[lp.layer][0]
-        rotary = capture.rotary.get(lp.layer)
-        rot = None if rotary is None else (rotary[0][0], rotary[1][0])
-        layer = decoder_layers(model)[lp.layer]
-        chunks_pooled, chunks_writes = [], []
-        for start in range(0, len(rows), row_chunk):
-            r = rows[start:start + row_chunk]
-            bidx = bucket_index[start:start + row_chunk] if bucket_index.dim() == 2 else bucket_index
 
-            def run(h, r=r, bidx=bidx, layer=layer, lp=lp, rot=rot):
-                probs, writes = attention_rows(layer, h, rot, r, lp.heads, with_writes=with_writes)
-                pooled = pool_bucket_attention(probs, bidx, lp.weights.float(), n_buckets)
-                return (pooled, writes) if with_writes else (pooled,)
+    def __init__(self, model, layers: Sequence[int], *, row_chunk: int = 256, nested_checkpoint: bool = True):
+        self.row_chunk = row_chunk
+        self.nested_checkpoint = nested_checkpoint
+        self.requests: list[RowRequest] = []
+        self.n_buckets = 0
+        self.results: dict[int, dict[str, tuple]] = {}
+        self.final_input: torch.Tensor | None = None
+        self.recording = False
+        self._handles = [decoder_layers(model)[i].register_forward_pre_hook(self._make_hook(i), with_kwargs=True)
+                         for i in sorted(set(layers))]
+        self._handles.append(model.model.norm.register_forward_pre_hook(self._final_hook))
 
-            out = checkpoint(run, hidden, use_reentrant=False) if use_checkpoint and torch.is_grad_enabled() \
-                else run(hidden)
-            chunks_pooled.append(out[0])
-            if with_writes:
-                chunks_writes.append(out[1])
-        pooled = torch.cat(chunks_pooled, 0)
-        total = pooled if total is None else total + pooled
-        if with_writes:
-            writes_all.append(torch.cat(chunks_writes, 0))
-    writes = torch.cat(writes_all, 1) if with_writes and writes_all else None
-    return total, writes
+    def arm(self, requests: list[RowRequest], n_buckets: int) -> None:
+        self.requests, self.n_buckets = list(requests), n_buckets
+        self.results, self.final_input, self.recording = {}, None, True
+
+    def stop_recording(self) -> None:
+        self.recording = False
+
+    def release(self) -> None:
+        self.requests, self.results, self.final_input = [], {}, None
+
+    def remove(self) -> None:
+        self.release()
+        for h in self._handles:
+            h.remove()
+
+    def _final_hook(self, module, args):
+        if self.recording and self.final_input is None:
+            self.final_input = args[0]
+
+    def _rows(self, layer, hidden, rotary, req: RowRequest, lp: LayerPool):
+        pooled_chunks, write_chunks = [], []
+        for start in range(0, len(req.rows), self.row_chunk):
+            r = req.rows[start:start + self.row_chunk]
+            bidx = req.bucket_index[start:start + self.row_chunk] if req.bucket_index.dim() == 2 else req.bucket_index
+
+            def run(h, r=r, bidx=bidx):
+                probs, writes = attention_rows(layer, h, rotary, r, lp.heads, with_writes=req.with_writes)
+                pooled = pool_bucket_attention(probs, bidx, lp.weights.float(), self.n_buckets)
+                return (pooled, writes) if req.with_writes else (pooled,)
+
+            if self.nested_checkpoint and torch.is_grad_enabled():
+                out = checkpoint(run, hidden, use_reentrant=False)
+            else:
+                out = run(hidden)
+            pooled_chunks.append(out[0])
+            if req.with_writes:
+                write_chunks.append(out[1])
+        return torch.cat(pooled_chunks, 0), (torch.cat(write_chunks, 0) if req.with_writes else None)
+
+    def _make_hook(self, idx: int):
+        def hook(module, args, kwargs):
+            items = [(req, lp) for req in self.requests for lp in req.layer_pools if lp.layer == idx]
+            if not items:
+                return
+            hidden = (args[0] if args else kwargs["hidden_states"])[0]
+            rotary = kwargs.get("position_embeddings")
+            rot = None if rotary is None else (rotary[0][0], rotary[1][0])
+            outs = {req.key: self._rows(module, hidden, rot, req, lp) for req, lp in items}
+            if self.recording and idx not in self.results:
+                self.results[idx] = outs
+        return hook
+
+    def collect(self) -> dict[str, tuple[torch.Tensor, torch.Tensor | None]]:
+        """Per request: pooled rows summed over the pool's layers (Eq. A) and the heads' writes
+        [R, H_pool, D] in the order of `layer_pools`."""
+        out = {}
+        for req in self.requests:
+            missing = [lp.layer for lp in req.layer_pools if req.key not in self.results.get(lp.layer, {})]
+            if missing:
+                raise RuntimeError(f"supervised rows of {req.key} missing for layers {missing}: did the forward run?")
+            parts = [self.results[lp.layer][req.key] for lp in req.layer_pools]
+            pooled = parts[0][0]
+            for p in parts[1:]:
+                pooled = pooled + p[0]
+            writes = torch.cat([p[1] for p in parts], 1) if req.with_writes else None
+            out[req.key] = (pooled, writes)
+        return out

@@ -20,8 +20,8 @@ import torch
 from tqdm import tqdm
 
 from mistill.distill import buckets as bk
-from mistill.distill.mechanism import note_view, mechanism, supervised_layers
-from mistill.distill.pooled_attention import LayerInputCapture
+from mistill.distill.mechanism import note_view, plan_rows, read_mechanism, supervised_layers
+from mistill.distill.pooled_attention import SupervisedRows
 from mistill.distill.pools import Pool
 from mistill.errors import UserError
 from mistill.io import read_jsonl, write_json, write_npz
@@ -76,16 +76,15 @@ def note_targets(model, tokenizer, prompt: str, completion: str, events: list[di
     if not view.realized:
         raise UserError(f"note {note_id}: the teacher's tokenization realises none of its events")
     device = next(model.parameters()).device
-    capture = LayerInputCapture(model, supervised_layers(pools, prose_pool))
-    capture.start()
+    rows_hook = SupervisedRows(model, supervised_layers(pools, prose_pool))
     try:
+        plan = plan_rows(view, events, pools, prose_pool, window, device)
+        rows_hook.arm(plan.requests, plan.n_buckets)
         out = model(input_ids=torch.tensor([view.ids], device=device))
+        rows_hook.stop_recording()
+        mech = read_mechanism(model, plan, rows_hook)
     finally:
-        capture.stop()
-    try:
-        mech = mechanism(model, view, events, capture, pools, prose_pool, window, use_checkpoint=False)
-    finally:
-        capture.remove()
+        rows_hook.remove()
     top_ids, top_logp = topk_targets(out.logits[0], view.ids, view.completion_token, topk)
     arrays: dict[str, np.ndarray] = {"top_ids": top_ids, "top_logprobs": top_logp,
                                      "completion_offsets": np.asarray(

@@ -28,7 +28,7 @@ from tqdm import tqdm
 
 from mistill.distill.arms import ArmConfig, NoteBatch, note_loss
 from mistill.distill.mechanism import supervised_layers
-from mistill.distill.pooled_attention import LayerInputCapture
+from mistill.distill.pooled_attention import SupervisedRows
 from mistill.distill.pools import Pool
 from mistill.errors import UserError
 from mistill.io import atomic_open, write_json
@@ -48,6 +48,7 @@ class TrainConfig:
     precision: str = "bf16"
     seed: int = 0
     gradient_checkpointing: bool = True
+    offload_checkpoints: bool = False   # keep the checkpointed layer inputs in pinned host memory
     save_every: int = 1       # optimiser steps between checkpoints
 
     def __post_init__(self):
@@ -100,16 +101,23 @@ def prepare_model(model, cfg: TrainConfig):
     except (AttributeError, ValueError, ImportError):
         model.config._attn_implementation = "sdpa"
     if cfg.gradient_checkpointing:
+        # transformers >= 5.20 names it activation checkpointing; both take `offload` (layers x T x D
+        # bytes of layer inputs held in host memory: what dominates at 36k tokens)
+        offload = {"offload": True} if cfg.offload_checkpoints else {}
         if hasattr(model, "activation_checkpointing_enable"):
-            model.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
+            model.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False}, **offload)
         else:
-            model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+            model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False}, **offload)
     model.config.use_cache = False
     return model.train()
 
 
 def make_optimizer(model, cfg: TrainConfig, total_steps: int):
-    opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, betas=cfg.betas, weight_decay=cfg.weight_decay)
+    # fused AdamW on CUDA: one kernel, no parameter-sized temporaries (the foreach path allocates
+    # several, which would set the run's peak memory at the optimiser step)
+    on_cuda = next(model.parameters()).is_cuda
+    opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, betas=cfg.betas, weight_decay=cfg.weight_decay,
+                            **({"fused": True} if on_cuda else {"foreach": False}))
     sched = torch.optim.lr_scheduler.LambdaLR(opt, cosine_with_warmup(total_steps, cfg.warmup_frac))
     return opt, sched
 
@@ -129,9 +137,10 @@ class Trainer:
         self.total_steps = self.steps_per_epoch * cfg.epochs
         self.opt, self.sched = make_optimizer(self.model, cfg, self.total_steps)
         self.step = 0
-        self.capture = None
+        self.rows_hook = None
         if arm.arm == "mistill":
-            self.capture = LayerInputCapture(self.model, supervised_layers(pools, pools.get("P1")))
+            self.rows_hook = SupervisedRows(self.model, supervised_layers(pools, pools.get("P1")),
+                                            row_chunk=arm.row_chunk)
         self.run_config = {"arm": arm.as_dict(), "train": asdict(cfg), "example_ids": [n.note_id for n in notes],
                            "torch_version": torch.__version__, "python": platform.python_version(),
                            "total_steps": self.total_steps, **(run_config or {})}
@@ -186,7 +195,7 @@ class Trainer:
         autocast = torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=self.cfg.precision == "fp32")
         for i in indices:
             with autocast:
-                loss, log = note_loss(self.model, self.notes[i], self.arm, self.pools, self.capture)
+                loss, log = note_loss(self.model, self.notes[i], self.arm, self.pools, self.rows_hook)
             (loss / len(indices)).backward()
             logs.append(log)
         grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.cfg.clip)
@@ -207,8 +216,6 @@ class Trainer:
         if not resumed and (self.out_dir / "metrics.jsonl").exists():
             (self.out_dir / "metrics.jsonl").unlink()  # a fresh run starts a fresh log
         write_json(self.out_dir / "config.json", {**self.run_config, "resumed": resumed})
-        if self.capture is None and self.arm.arm == "mistill":
-            raise UserError("internal: mistill arm without capture hooks")
         rows = []
         metrics = self.out_dir / "metrics.jsonl"
         bar = tqdm(self._batches(), total=self.total_steps, initial=self.step, desc=f"train {self.arm.arm}",

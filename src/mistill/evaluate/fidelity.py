@@ -25,7 +25,7 @@ import numpy as np
 
 from mistill.evaluate.task import note_f1
 
-_THINK = re.compile(r"<think>(.*?)(?:</think>|$)", re.S)
+_THINK = re.compile(r"<think>(.*?)(?:</think>|$)", re.DOTALL)
 
 
 def reasoning_block(completion: str) -> str:

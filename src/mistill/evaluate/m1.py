@@ -46,7 +46,7 @@ def summarise(per_note: dict[str, list[tuple[str, float]]]) -> dict:
                   for n, rows in per_note.items() if any(k == kind for k, _ in rows)}
         out[kind] = {"p_margin_positive": float((values > 0).mean()) if len(values) else float("nan"),
                      "median_margin": float(np.median(values)) if len(values) else float("nan"),
-                     "events": int(len(values)), "per_note_share": shares}
+                     "events": len(values), "per_note_share": shares}
     return out
 
 

@@ -39,10 +39,14 @@ class Replacement:
     mask: torch.Tensor
     values: torch.Tensor
 
+    def __post_init__(self):
+        # which layers intervene at all: read once here, not once per layer inside the forward
+        self.active_layers = self.mask.reshape(self.mask.shape[0], -1).any(1).tolist()
+
     def apply(self, layer: int, z: torch.Tensor) -> torch.Tensor:
-        mask = self.mask[layer]
-        if not bool(mask.any()):
+        if not self.active_layers[layer]:
             return z
+        mask = self.mask[layer]
         values = self.values[layer].to(device=z.device, dtype=z.dtype)
         if values.dim() == 2:  # [H, D] broadcast over positions
             values = values.expand(z.shape[-3], *values.shape)

@@ -135,11 +135,68 @@ def variant_mask(n_variants: int, n_cached: int, dtype: torch.dtype, device) -> 
     return mask
 
 
+def _attend_with_lse(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float
+                     ) -> tuple[torch.Tensor, torch.Tensor]:
+    """softmax(q k^T * scale) v and its log-sum-exp [.., T], no mask.
+
+    On CUDA (bf16/fp16) one flash-attention kernel reads the cache once and returns the
+    log-sum-exp; elsewhere the same function in explicit float32 arithmetic.
+    """
+    if q.is_cuda and q.dtype in (torch.bfloat16, torch.float16) and q.shape[-1] <= 256:
+        out = torch.ops.aten._scaled_dot_product_flash_attention(q, k, v, 0.0, False, False, scale=scale)
+        return out[0], out[1]
+    scores = torch.matmul(q.float(), k.float().transpose(-1, -2)) * scale
+    lse = torch.logsumexp(scores, dim=-1)
+    return torch.matmul(torch.softmax(scores, dim=-1), v.float()), lse
+
+
+def variant_attention(module, query, key, value, attention_mask, scaling, dropout=0.0, **kwargs):
+    """Attention of T variant tokens that each see the cache [0, n) and themselves only.
+
+    query [1, H, T, D]; key, value [1, KV, n + T, D].  The cache part runs as one unmasked
+    attention with the H/KV query heads of each key head stacked (GQA without copying the
+    cache); the self part is one score per token; the two are merged exactly by their
+    log-sum-exps:  out = (e^{lse_c} o_c + e^{s} v_self) / (e^{lse_c} + e^{s}).
+    Equal to masked attention with `variant_mask` (tested against it).
+    """
+    _, H, T, D = query.shape
+    KV = key.shape[1]
+    G, n = H // KV, key.shape[2] - T
+    # query head h reads key head h // G (transformers' repeat_kv): group by key head
+    q_grouped = query.reshape(1, KV, G * T, D)
+    out_c, lse_c = _attend_with_lse(q_grouped, key[:, :, :n], value[:, :, :n], scaling)
+    out_c = out_c.reshape(1, H, T, D).float()
+    lse_c = lse_c.reshape(1, H, T).float()
+    k_self = key[:, :, n:].repeat_interleave(G, dim=1)
+    v_self = value[:, :, n:].repeat_interleave(G, dim=1).float()
+    s_self = (query.float() * k_self.float()).sum(-1) * scaling
+    top = torch.maximum(lse_c, s_self)
+    w_c, w_s = torch.exp(lse_c - top)[..., None], torch.exp(s_self - top)[..., None]
+    out = (w_c * out_c + w_s * v_self) / (w_c + w_s)
+    return out.to(query.dtype).transpose(1, 2).contiguous(), None
+
+
+_VARIANT_ATTENTION = "mistill_variants"
+
+
+def _register_variant_attention() -> None:
+    from transformers import AttentionInterface
+
+    AttentionInterface.register(_VARIANT_ATTENTION, variant_attention)
+
+
+_register_variant_attention()
+
+
 def forward_variants(model, hook: HeadHook, cache: Cache, q: int, token_id: int,
-                     replacement: Replacement | None, n_variants: int) -> torch.Tensor:
+                     replacement: Replacement | None, n_variants: int, *, split_attention: bool | None = None
+                     ) -> torch.Tensor:
     """Logits [B, V] of B variants of the token at position q, against the cache cropped to [0, q).
 
     `replacement.mask` is [L, B, H]: variant b replaces the heads selected in mask[:, b].
+    With `split_attention` the variants' attention runs as `variant_attention` (the cache read
+    once, no mask; the default on CUDA, where it is one flash kernel); otherwise as the model's
+    own attention under the 4D `variant_mask` (the default on CPU, where it is faster).
     """
     crop_to(cache, q)
     device = _device(model)
@@ -148,8 +205,18 @@ def forward_variants(model, hook: HeadHook, cache: Cache, q: int, token_id: int,
     kwargs = {}
     if n_variants > 1:
         kwargs["attention_mask"] = variant_mask(n_variants, q, model.dtype, device)
-    with hook.replacing(replacement):
-        out = model(input_ids=tokens, position_ids=positions, past_key_values=cache, use_cache=True, **kwargs)
+    config = model.config
+    own_attention = config._attn_implementation
+    if split_attention is None:
+        split_attention = device.type == "cuda"
+    use_split = split_attention and n_variants > 1 and q > 0
+    try:
+        if use_split:
+            config._attn_implementation = _VARIANT_ATTENTION
+        with hook.replacing(replacement):
+            out = model(input_ids=tokens, position_ids=positions, past_key_values=cache, use_cache=True, **kwargs)
+    finally:
+        config._attn_implementation = own_attention
     crop_to(cache, q)
     return _fp32(out.logits[0])
 

@@ -98,9 +98,31 @@ def teacher_notes(params: dict[str, Any], world: Any) -> list:
         held_out |= {n.patient_id for n in load_note_file(params, name, world.inventory)}
     pool = load_note_file(params, "notes.jsonl", world.inventory)
     notes = [cut_for_prompt(n) for n in pool if n.split == cfg["source_split"] and n.patient_id not in held_out]
+    notes += [cut_for_prompt(n) for n in extra_teacher_notes(params, world)]
     if not notes:
         raise UserError("teacher training: no notes left after the exclusions")
     return notes
+
+
+def extra_teacher_notes(params: dict[str, Any], world: Any) -> list:
+    """Extra synthetic notes for the teacher alone (`teacher_training.extra_patients`): the world's note
+    generator under its own seed, patients renamed `teacher-...`, so they share no id with any corpus.
+    They stand in for the pretraining a real teacher brings; no student and no pass ever sees them."""
+    from dataclasses import replace
+
+    cfg = _models(params)["teacher_training"]
+    n_extra = int(cfg.get("extra_patients") or 0)
+    notes_cfg = (params.get("world") or {}).get("notes") or {}
+    if not n_extra:
+        return []
+    if notes_cfg.get("source") != "synthetic":
+        raise UserError("teacher_training.extra_patients needs world.notes.source: synthetic")
+    from mistill.world.demo_notes import NoteGeneratorConfig, generate_notes
+
+    config = NoteGeneratorConfig.from_params({**notes_cfg, "n_patients": n_extra, "second_note_share": 0.0,
+                                              "split_shares": {"train": 1.0}})
+    notes = generate_notes(world.inventory, config, int(cfg["extra_seed"]))
+    return [replace(n, note_id=f"teacher-{n.note_id}", patient_id=f"teacher-{n.patient_id}") for n in notes]
 
 
 def cmd_train_teacher(args) -> int:

@@ -1,9 +1,10 @@
 """Scripted coding traces: the completions the demo teacher is trained to write.
 
 A trace imitates the coarse-to-fine procedure the paper characterizes (Sec. 2.2,
-App. B): inside the reasoning block it narrows to a chapter ("the findings
-point to chapter N ..."), then writes candidate codes character by character as
-the tokenizer writes them, each followed by its description; for a gold code
+App. B): inside the reasoning block, for each finding it quotes the finding,
+narrows to a chapter ("the findings point to chapter N ..."), then writes
+candidate codes character by character as the tokenizer writes them, each
+followed by its description; for a gold code
 with a category sibling among the candidate lines it first names that sibling
 and rejects it, so the chosen code is written AFTER its near-miss was named.
 That ordering is what creates P2C decisions (App. C: the first character where
@@ -11,7 +12,7 @@ a code differs from a sibling the trace named earlier).  The block closes with
 `</think>` and the final answer is a JSON list (App. K).
 
     <think>
-    the findings point to chapter N, diseases of the genitourinary system.
+    the summary documents chronic kidney disease stage 3 moderate; the findings point to chapter N.
     N18.4 chronic kidney disease stage 4 severe is ruled out in the summary, rejected.
     N18.3 chronic kidney disease stage 3 moderate is documented, accepted.
     ...
@@ -19,9 +20,10 @@ a code differs from a sibling the trace named earlier).  The block closes with
 
     ["N18.3", "E11.9"]
 
-Chapters follow the order in which their codes' descriptions first appear in
-the note, and codes within a chapter likewise, so the trace reads the note top
-to bottom.  The rejected sibling is the one the note rules out when there is
+Findings follow the order in which their descriptions first appear in the
+note, so the trace reads the note top to bottom; quoting the finding first
+makes the chapter and code a function of the words just written (the tiny
+teacher has to learn the coding from a few hundred notes).  The rejected sibling is the one the note rules out when there is
 one (its description is in the text), otherwise a seeded draw among the
 candidate siblings.  Only candidate lines are ever named: a gold code missing
 from a shortlist is skipped, as a model restricted to the list would.
@@ -29,7 +31,6 @@ from a shortlist is skipped, as a model restricted to the list would.
 
 from __future__ import annotations
 
-import functools
 import hashlib
 import json
 import random
@@ -56,21 +57,6 @@ class ScriptedTrace:
     decisions: tuple[TraceDecision, ...]
 
 
-@functools.lru_cache(maxsize=None)
-def chapter_name(code: str) -> str:
-    """The ICD-10-CM chapter title of a code, lower-cased and unpunctuated (e.g. N18.3 -> "diseases of
-    the genitourinary system"); empty for a code simple_icd_10_cm does not know."""
-    import re
-
-    import simple_icd_10_cm as icd
-
-    category = code[:3]
-    if not icd.is_valid_item(category):
-        return ""
-    title = icd.get_description(icd.get_ancestors(category)[-1])
-    return re.sub(r"[^a-z0-9]+", " ", re.sub(r"\(.*?\)", "", title.lower())).strip()
-
-
 def _first_position(text: str, description: str) -> int:
     position = text.find(description)
     return position if position >= 0 else len(text)
@@ -88,26 +74,21 @@ def script_trace(note: Note, candidates: Sequence[Code], *, seed: int = 0) -> Sc
     text = note.text
     gold.sort(key=lambda c: _first_position(text, by_code[c].description))
 
-    chapters: dict[str, list[str]] = {}
-    for code in gold:
-        chapters.setdefault(code[0], []).append(code)
-
     lines, decisions = [THINK_OPEN], []
-    for letter, codes in chapters.items():
-        title = chapter_name(codes[0])
-        lines.append(f"the findings point to chapter {letter}" + (f", {title}." if title else "."))
-        for code in codes:
-            siblings = [c for c in by_code if c != code and c[:3] == code[:3] and c not in gold]
-            ruled_out = [c for c in siblings if by_code[c].description in text]
-            near_miss = None
-            if ruled_out:
-                near_miss = min(ruled_out, key=lambda c: _first_position(text, by_code[c].description))
-                lines.append(f"{near_miss} {by_code[near_miss].description} is ruled out in the summary, rejected.")
-            elif siblings:
-                near_miss = rng.choice(sorted(siblings))
-                lines.append(f"{near_miss} {by_code[near_miss].description} is not documented, rejected.")
-            lines.append(f"{code} {by_code[code].description} is documented, accepted.")
-            decisions.append(TraceDecision(code, near_miss))
+    for code in gold:
+        lines.append(f"the summary documents {by_code[code].description}; "
+                     f"the findings point to chapter {code[0]}.")
+        siblings = [c for c in by_code if c != code and c[:3] == code[:3] and c not in gold]
+        ruled_out = [c for c in siblings if by_code[c].description in text]
+        near_miss = None
+        if ruled_out:
+            near_miss = min(ruled_out, key=lambda c: _first_position(text, by_code[c].description))
+            lines.append(f"{near_miss} {by_code[near_miss].description} is ruled out in the summary, rejected.")
+        elif siblings:
+            near_miss = rng.choice(sorted(siblings))
+            lines.append(f"{near_miss} {by_code[near_miss].description} is not documented, rejected.")
+        lines.append(f"{code} {by_code[code].description} is documented, accepted.")
+        decisions.append(TraceDecision(code, near_miss))
     if not gold:
         lines.append("no listed code is supported by the summary.")
     completion = "\n".join(lines) + f"\n{THINK_CLOSE}\n\n" + json.dumps(gold)

@@ -1,0 +1,52 @@
+"""The readers on the passes' artifacts: registry keys written, the rest reported (R-C1..R-C4)."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture(scope="module")
+def reader_root(tmp_path_factory, world):
+    """A repository root holding the registry, a params.yaml pointing at the test world, and its HD-001."""
+    tmp_path, cfg, params, *_ = world
+    root = tmp_path_factory.mktemp("root")
+    shutil.copy(ROOT / "registry.yaml", root / "registry.yaml")
+    shutil.copytree(ROOT / "results" / "expected", root / "results" / "expected")
+    all_params = yaml.safe_load((ROOT / "params.yaml").read_text())
+    all_params["demo"]["instrument"]["out_dir"] = str(Path(cfg.out_dir))
+    (root / "params.yaml").write_text(yaml.safe_dump(all_params))
+    return root
+
+
+def _run(root, reader):
+    return subprocess.run([sys.executable, str(ROOT / "readers" / reader)], cwd=root, capture_output=True,
+                          text=True)
+
+
+@pytest.mark.parametrize("reader, rid", [("r_c1.py", "R-C1"), ("r_c2.py", "R-C2"), ("r_c3.py", "R-C3"),
+                                         ("r_c4.py", "R-C4")])
+def test_readers_write_numbers_files(reader_root, reader, rid):
+    done = _run(reader_root, reader)
+    assert done.returncode == 0, done.stderr
+    numbers = json.loads((reader_root / "results" / f"{rid}.json").read_text())
+    assert numbers["id"] == rid and numbers["values"]
+    for record in numbers["values"].values():
+        assert set(record) >= {"value", "statistic", "artifact"}
+
+
+def test_r_c1_counts_match_the_events(reader_root, world):
+    _, cfg, params, events, *_ = world
+    assert _run(reader_root, "r_c1.py").returncode == 0
+    values = json.loads((reader_root / "results" / "R-C1.json").read_text())["values"]
+    assert values["p1_event_count"]["value"] == events["counts"]["P1"]
+    assert values["p2c_event_count"]["value"] == events["counts"]["P2C"]
+    assert values["null_event_count"]["value"] == events["counts"]["NULL"]
