@@ -33,7 +33,7 @@ import torch
 from mistill.distill import arms
 from mistill.distill import buckets as bk
 from mistill.distill.mechanism import note_view, supervised_layers
-from mistill.distill.pooled_attention import LayerInputCapture
+from mistill.distill.pooled_attention import SupervisedRows
 from mistill.distill.pools import Pool, softmax_weights
 from mistill.distill.trainer import TrainConfig, make_optimizer, prepare_model
 from mistill.models.tokenizer_protocol import Encoding

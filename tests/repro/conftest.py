@@ -2,16 +2,13 @@
 
 from __future__ import annotations
 
-import json
 import shutil
 from pathlib import Path
 
 import pytest
+from repro_helpers import REPO
 
 from mistill.repro.registry import Registry, load_registry
-
-REPO = Path(__file__).resolve().parents[2]
-SHARED_SPEC = REPO.parent / "shared" / "spec" / "paper_registry.yaml"
 
 
 @pytest.fixture(scope="session")
@@ -27,22 +24,3 @@ def scratch_root(tmp_path: Path) -> Path:
     shutil.copy(REPO / "registry.yaml", root / "registry.yaml")
     shutil.copy(REPO / "results" / "expected" / "paper.yaml", root / "results" / "expected" / "paper.yaml")
     return root
-
-
-def paper_values(registry: Registry, result_id: str, **overrides) -> dict:
-    """A full set of values for one result equal to the paper's expected values, some overridden."""
-    values = {}
-    for key, exp in registry.expected("paper").values[result_id].items():
-        value = overrides.pop(key, exp.value)
-        values[key] = {"value": value, "statistic": exp.stat, "artifact": "fixture"}
-    assert not overrides, f"unknown keys {overrides}"
-    return values
-
-
-def write_fixture(results_dir: Path, result_id: str, values: dict, profile: str = "paper") -> Path:
-    """A numbers file written by hand (as a reader would through write_numbers)."""
-    results_dir.mkdir(parents=True, exist_ok=True)
-    path = results_dir / f"{result_id}.json"
-    path.write_text(json.dumps({"id": result_id, "profile": profile, "reader": "fixture", "inputs": {},
-                                "values": values, "code_version": "test", "params_sha256": "0" * 64}))
-    return path

@@ -20,8 +20,13 @@ import torch
 
 from mistill.distill import buckets as bk
 from mistill.distill.alignment import CompetitorMap, RealizedEvent, realize_events, window_rows
-from mistill.distill.objective import (competitor_matrix, contribution, event_margins, margin_direction,
-                                       region_mass)
+from mistill.distill.objective import (
+    competitor_matrix,
+    contribution,
+    event_margins,
+    margin_direction,
+    region_mass,
+)
 from mistill.distill.pooled_attention import RowRequest, SupervisedRows
 from mistill.distill.pools import Pool
 

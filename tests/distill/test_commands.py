@@ -1,0 +1,96 @@
+"""`mistill distill targets | train` and `mistill evaluate task | m1` end to end on saved tiny models."""
+
+import json
+
+import numpy as np
+import pytest
+import yaml
+
+from mistill.cli import main
+from mistill.io import write_json, write_jsonl
+from mistill.models.architectures import TinyArchitecture, build_model
+from mistill.models.tokenizers import CompactTokenizer, build_remap, qwen3_tokenizer
+
+
+def _save_model(path, tok, seed, layers):
+    arch = TinyArchitecture(family="qwen3", hidden_size=32, intermediate_size=48, num_hidden_layers=layers,
+                            num_attention_heads=4, num_key_value_heads=2, head_dim=8)
+    model = build_model(arch, vocab_size=tok.vocab_size, eos_token_id=tok.eos_token_id,
+                        pad_token_id=tok.pad_token_id, seed=seed)
+    model.save_pretrained(path)
+    tok.save(path)
+
+
+def _head_sets(path, n_layers, n_heads):
+    rng = np.random.default_rng(0)
+    phases = {p: [{"layer": int(i // n_heads), "head": int(i % n_heads), "ic": float(v), "weight": None}
+                  for i, v in zip(rng.permutation(n_layers * n_heads), np.linspace(1, -1, n_layers * n_heads))]
+              for p in ("P1", "P2", "P2C", "prose")}
+    write_json(path, {"n_layers": n_layers, "n_heads": n_heads, "phases": phases, "tau": {}, "provenance": {}})
+
+
+@pytest.fixture
+def project(tmp_path, monkeypatch, note_prompt, completion, events):
+    base = qwen3_tokenizer()
+    tok = CompactTokenizer(base, build_remap(base, [base.chat_prompt(note_prompt) + completion]))
+    _save_model(tmp_path / "teacher", tok, 1, 2)
+    _save_model(tmp_path / "student", tok, 2, 2)
+    notes = [{"note_id": n, "patient_id": n, "text": "word", "gold_codes": ["N18.9"], "split": "train"}
+             for n in ("a", "b")]
+    write_jsonl(tmp_path / "train.jsonl", notes)
+    write_jsonl(tmp_path / "traces.jsonl", [{"note_id": n, "prompt": note_prompt, "completion": completion,
+                                             "valid": True, "answer": ["N18.9"]} for n in ("a", "b")])
+    for n in ("a", "b"):
+        write_jsonl(tmp_path / "events" / n / "events.jsonl", events)
+    _head_sets(tmp_path / "t_sets.json", 2, 4)
+    _head_sets(tmp_path / "s_sets.json", 2, 4)
+    params = {"profile": "demo", "demo": {
+        "models": {"teacher": str(tmp_path / "teacher"), "student_qwen": str(tmp_path / "student")},
+        "distill": {"traces": "traces.jsonl", "train_notes": "train.jsonl", "events_dir": "events",
+                    "teacher_head_sets": "t_sets.json", "student_head_sets": {"student_qwen": "s_sets.json"},
+                    "targets_dir": "targets", "runs_dir": "runs", "pool_k": {"teacher": 3, "student": 3},
+                    "window": 8, "topk": 8, "lambda_p1": 0.1, "lambda_p2": 0.1, "terms": ["attn", "inter"],
+                    "write_norm": False, "heads": "top", "pool_seed": 0,
+                    "precision": {"vanilla": "fp32", "mistill": "bf16"}, "seeds": [0],
+                    "train": {"epochs": 1, "batch": 2, "lr": 0.001, "warmup_frac": 0.05, "clip": 1.0,
+                              "gradient_checkpointing": False}},
+        "evaluate": {"test_notes": "train.jsonl", "train_notes": "train.jsonl", "teacher_traces": "traces.jsonl",
+                     "events_dir": "events", "ks": [8, 15], "psp_a": 0.55, "psp_b": 1.5}}}
+    (tmp_path / "params.yaml").write_text(yaml.safe_dump(params))
+    monkeypatch.chdir(tmp_path)
+    return tmp_path
+
+
+def test_targets_train_and_evaluate(project, capsys):
+    assert main(["distill", "targets"]) == 0
+    manifest = json.loads((project / "targets" / "manifest.json").read_text())
+    assert manifest["notes"] == ["a", "b"] and len(manifest["teacher_hash"]) == 64
+    for arm in ("vanilla", "mistill"):
+        assert main(["distill", "train", "--arm", arm]) == 0
+    runs = sorted(p.name for p in (project / "runs").glob("DT-00*/*"))
+    assert runs == ["student-mistill-bf16-s0", "student-vanilla-fp32-s0"]
+    run = project / "runs" / "DT-001" / "student-mistill-bf16-s0"
+    cfg = json.loads((run / "config.json").read_text())
+    assert cfg["arm"]["lambda_p1"] == 0.1 and cfg["example_ids"] == ["a", "b"] and cfg["torch_version"]
+    assert (run / "model" / "config.json").exists()
+    assert main(["evaluate", "task", "--generations", "traces.jsonl", "--out", "task.json"]) == 0
+    assert json.loads((project / "task.json").read_text())["metrics"]["micro_f1"] == 1.0
+    assert main(["evaluate", "m1", "--model", str(run / "model"), "--out", "m1.json"]) == 0
+    m1 = json.loads((project / "m1.json").read_text())["m1"]
+    assert m1["P1"]["events"] == 4 and 0.0 <= m1["P2C"]["p_margin_positive"] <= 1.0
+
+
+def test_targets_from_another_teacher_are_refused(project, capsys):
+    assert main(["distill", "targets"]) == 0
+    _save_model(project / "other", CompactTokenizer.load(project / "teacher"), 7, 2)
+    code = main(["distill", "train", "--arm", "vanilla", "--teacher", str(project / "other")])
+    assert code == 2
+    assert "not from" in capsys.readouterr().err
+    assert not (project / "runs").exists()  # nothing trained
+
+
+def test_trace_without_events_is_refused(project, capsys):
+    write_jsonl(project / "events" / "b" / "events.jsonl", [])
+    assert main(["distill", "targets"]) == 2
+    assert "no P1/P2/P2C events" in capsys.readouterr().err
+    assert not (project / "targets" / "manifest.json").exists()

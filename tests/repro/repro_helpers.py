@@ -1,0 +1,30 @@
+"""Helpers shared by the spine's tests: repository paths and hand-written numbers files."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from mistill.repro.registry import Registry
+
+REPO = Path(__file__).resolve().parents[2]
+SHARED_SPEC = REPO.parent / "shared" / "spec" / "paper_registry.yaml"
+
+
+def paper_values(registry: Registry, result_id: str, **overrides) -> dict:
+    """A full set of values for one result equal to the paper's expected values, some overridden."""
+    values = {}
+    for key, exp in registry.expected("paper").values[result_id].items():
+        value = overrides.pop(key, exp.value)
+        values[key] = {"value": value, "statistic": exp.stat, "artifact": "fixture"}
+    assert not overrides, f"unknown keys {overrides}"
+    return values
+
+
+def write_fixture(results_dir: Path, result_id: str, values: dict, profile: str = "paper") -> Path:
+    """A numbers file written by hand (as a reader would through write_numbers)."""
+    results_dir.mkdir(parents=True, exist_ok=True)
+    path = results_dir / f"{result_id}.json"
+    path.write_text(json.dumps({"id": result_id, "profile": profile, "reader": "fixture", "inputs": {},
+                                "values": values, "code_version": "test", "params_sha256": "0" * 64}))
+    return path
