@@ -138,7 +138,6 @@ def bench_context(model, hook, context: int, batch: int, repeats: int, device: s
         row["max_abs_logit_diff_batched_vs_single"] = float((split[0] - single[0]).abs().max())
         del split, masked, single
         dyn = dynamic_cache_from(cache, context)
-        del cache
 
         def stock():
             out = model(input_ids=torch.tensor([[token]], device=device), past_key_values=dyn, use_cache=True)
@@ -147,7 +146,6 @@ def bench_context(model, hook, context: int, batch: int, repeats: int, device: s
 
         with hook.replacing(Replacement(mask1, mu)):
             row["stock_dynamic_cache_single_ms"] = 1e3 * timed(stock, repeats, device)
-        del dyn
         if brute:
             ids = torch.randint(0, cfg.vocab_size, (context,)).tolist()
             head_mask = mask1[:, 0].cpu()

@@ -27,6 +27,8 @@ def main() -> int:
         "forward_margin_noise_sd": value(st["forward_margin_noise_sd"], "nats, s.d. of identical forwards", sa),
         "forward_noise_range": value(st["forward_noise_range"], "nats, range of identical forwards", sa),
         "single_head_detection_floor": value(st["single_head_detection_floor"], "nats (3 s.d.)", sa),
+        "integrated_gradients_corr_intact": value(st["integrated_gradients"]["pearson"],
+                                                  "Pearson over all heads x events (5 steps)", sa),
         "intact_spearman": value(st["intact"]["spearman"], "Spearman over all heads x events", sa),
         "detached_spearman": value(st["detached"]["spearman"], "Spearman over all heads x events", sa),
         f"detached_top{k}_effect_recovered": value(100 * st["detached"]["top_k_effect_recovered"],

@@ -59,13 +59,27 @@ def main() -> int:
         v["per_note_heads_carrying_80pct"] = value(cal["per_note_heads_carrying_80pct_median"], "median over notes", ca)
     if "ic_floor" in cal:
         v["ic_null_floor"] = value(cal["ic_floor"], "nats, 95th pct |split-half NULL difference|", ca)
+    fa = out / "faithfulness2.json"
+    refinement = load_json(fa).get("p2c_exact_refinement", {}) if fa.exists() else {}
+    if refinement:
+        rk = refinement["top_k"]
+        v["exact_refinement_nominated_heads"] = value(refinement["nominated_heads_mean"],
+                                                      "mean count per P2C event", fa)
+        v[f"exact_merged_vs_firstorder_top{rk}_overlap"] = value(refinement["merged_vs_first_order_top_k_overlap"],
+                                                                 f"count of {rk}", fa)
+        if "merged_bh_positive" in refinement:
+            v["exact_merged_bh_positive_heads"] = value(refinement["merged_bh_positive"], "count (BH FDR)", fa)
+        if "first_order_vs_exact_per_event_pearson_median" in refinement:
+            v["p2c_firstorder_vs_exact_per_event_corr"] = value(
+                refinement["first_order_vs_exact_per_event_pearson_median"], "median per-event Pearson", fa)
     if "P1" in scores:
         top = np.argsort(-scores["P1"], kind="stable")[:k]
         layers = top // n_heads
         quarters = np.array_split(np.arange(n_layers), 4)
         v[f"chapter_top{k}_heads_per_layer_quarter"] = value(
             [int(np.isin(layers, q).sum()) for q in quarters], "counts in layer quarters, first to last", ha)
-    emit("R-C4", v, reader="readers/r_c4.py", inputs=[ha, ca], params=params, strict=args.strict)
+    emit("R-C4", v, reader="readers/r_c4.py", inputs=[ha, ca] + ([fa] if fa.exists() else []), params=params,
+         strict=args.strict)
     return 0
 
 

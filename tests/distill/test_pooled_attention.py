@@ -50,7 +50,7 @@ def _pooled_loss_grads(checkpointing: bool, nested: bool):
     if checkpointing:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     ids = torch.randint(2, 50, (1, 17), generator=torch.Generator().manual_seed(1))
-    hook = pa.SupervisedRows(model, [1, 2], row_chunk=1, nested_checkpoint=nested)
+    hook = pa.SupervisedRows(model, [1, 2], row_chunk=1, nested_checkpoint=nested, nested_min_elements=0)
     pools = [pa.LayerPool(1, torch.tensor([0]), torch.tensor([0.4])),
              pa.LayerPool(2, torch.tensor([1, 2]), torch.tensor([0.4, 0.2]))]
     buckets = torch.randint(0, 5, (17,), generator=torch.Generator().manual_seed(2))

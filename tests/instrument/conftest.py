@@ -2,9 +2,8 @@
 
 from __future__ import annotations
 
-import json
-
 import importlib.util
+import json
 from pathlib import Path
 
 import pytest

@@ -14,8 +14,7 @@ from mistill.instrument.attribution import (
     first_order_importance,
     nominees,
 )
-from mistill.instrument.hook import Replacement
-from mistill.instrument.hook import HeadHook
+from mistill.instrument.hook import HeadHook, Replacement
 from mistill.instrument.margin import margin
 from mistill.instrument.patching import brute_force_logits, forward_variants, prefill
 
@@ -96,3 +95,23 @@ def test_fidelity_statistics_on_a_hand_made_case():
     assert np.isclose(out["top_k_effect_recovered"], np.mean([1.0, 2.0 / 3.0]))
     assert np.isclose(out["pearson"], np.corrcoef(exact.ravel(), estimate.ravel())[0, 1])
     assert out["heads_above_noise_per_event_min"] == 2 and out["heads_above_noise_per_event_max"] == 3
+
+
+def test_integrated_gradients_with_many_steps_matches_the_exact_effect_sum(small_model):
+    """IG over all heads at once is exact for the joint ablation: sum_h IG_h = m(z) - m(mu) (completeness)."""
+    from mistill.instrument.attribution import integrated_gradients
+
+    model = copy.deepcopy(small_model).double()
+    hook = HeadHook(model)
+    ids, q = _ids(2), 38
+    pre = prefill(model, hook, ids)
+    with hook.recording() as rec:
+        clean = forward_variants(model, hook, pre.cache, q, ids[q], None, 1)
+    z = torch.stack([r[0, 0] for r in rec])
+    ig = integrated_gradients(model, hook, pre.cache, q, ids[q], TARGET, COMPETITORS, pre.mu.double(), z, 32)
+    every = torch.ones(hook.n_layers, 1, hook.n_heads, dtype=torch.bool)
+    ablated = forward_variants(model, hook, pre.cache, q, ids[q], Replacement(every, pre.mu.double()), 1)
+    joint = float(margin(clean, TARGET, COMPETITORS) - margin(ablated, TARGET, COMPETITORS))
+    assert abs(joint) > 1e-2
+    assert abs(ig.sum() - joint) < 1e-3 * max(1.0, abs(joint))
+    hook.remove()

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import pytest
-
 from mistill.instrument.events import extract_events, find_mentions
 
 CODES = ["N18.3", "N18.4", "N18.9", "E11.9", "E11.65", "I10", "J44.1"]

@@ -8,6 +8,7 @@ import numpy as np
 
 from mistill.instrument.passes import artifact_state, run_attribution, run_events
 
+
 def test_bad_notes_are_skipped_with_a_reason(world):
     tmp_path, cfg, params, events, *_ = world
     assert set(events["skipped"]) == {"bad_unknown", "bad_empty"}
@@ -49,6 +50,10 @@ def test_knocking_in_all_heads_restores_the_clean_margin_at_every_event(world):
                 assert set(row["knockin"]) == {"top", "random", "bottom", "own"}
     assert n_knocked > 5
     assert faithfulness["phases"]["P1"]["all_heads_minus_clean_max_abs"] < 1e-4
+    # the exact P2C refinement: every P2C event's nominees (top-3 by |A| + global top-2) patched exactly
+    refinement = faithfulness["p2c_exact_refinement"]
+    assert refinement["n_events"] == events["counts"]["P2C"]
+    assert 3 <= refinement["nominated_heads_mean"] <= 5
 
 
 def test_passes_resume_and_recompute_a_corrupt_artifact(world, qwen_model, tokenizer, capsys):
@@ -76,3 +81,14 @@ def test_selftest_reports_fidelity_for_both_hooks(world):
     for hook in ("intact", "detached"):
         assert -1 <= summary[hook]["pearson"] <= 1
     assert summary["intact"]["pearson"] > 0.5  # first-order with the graph intact tracks exact effects
+
+
+def test_changed_parameters_make_artifacts_stale(world, qwen_model, tokenizer, capsys):
+    import dataclasses
+
+    tmp_path, cfg, params, *_ = world
+    changed = dataclasses.replace(cfg, n_null=5)
+    run_events(changed, params, model=qwen_model, tokenizer=tokenizer, limit=1)
+    err = capsys.readouterr().err
+    assert "note0/events.jsonl is stale" in err and "1 computed" in err
+    run_events(cfg, params, model=qwen_model, tokenizer=tokenizer, limit=1)  # back as it was

@@ -6,8 +6,14 @@ import pytest
 
 from mistill.errors import UserError
 from mistill.world import icd
-from mistill.world.corpora import (Eligibility, characterization_traces, cut_discharge_diagnosis,
-                                   quartile_strata, select_characterization, select_distillation)
+from mistill.world.corpora import (
+    Eligibility,
+    characterization_traces,
+    cut_discharge_diagnosis,
+    quartile_strata,
+    select_characterization,
+    select_distillation,
+)
 from mistill.world.demo_notes import NoteGeneratorConfig, generate_notes
 from mistill.world.inventory import Inventory
 from mistill.world.types import Code, Note

@@ -79,6 +79,62 @@ class LayerInputCapture:
             h.remove()
 
 
+@dataclass
+class LayerKeys:
+    """One layer's normalised input, rotated keys and values over the whole sequence (computed once
+    per layer and shared by every request and row chunk)."""
+
+    x: torch.Tensor        # [T, D] input_layernorm(hidden)
+    k: torch.Tensor        # [T, KV, d] after k_norm and RoPE
+    v: torch.Tensor        # [T, KV, d]
+    rotary: tuple | None   # (cos, sin) [T, d] or None (NoPE layer)
+
+
+def layer_keys(layer: torch.nn.Module, hidden_in: torch.Tensor, rotary) -> LayerKeys:
+    attn = layer.self_attn
+    d = attn.head_dim
+    x = layer.input_layernorm(hidden_in)
+    k = attn.k_proj(x).view(x.shape[0], -1, d)
+    if hasattr(attn, "k_norm"):
+        k = attn.k_norm(k)
+    v = attn.v_proj(x).view(x.shape[0], -1, d)
+    use_rope = rotary is not None and getattr(attn, "use_rope", True)
+    if use_rope:
+        cos, sin = rotary
+        rotary = (cos.reshape(-1, cos.shape[-1]), sin.reshape(-1, sin.shape[-1]))
+        k = _rope(k, *rotary)
+    return LayerKeys(x, k, v, rotary if use_rope else None)
+
+
+def rows_from_keys(layer: torch.nn.Module, x_rows: torch.Tensor, k: torch.Tensor, v: torch.Tensor, rotary,
+                   rows: torch.Tensor, heads: torch.Tensor, *, with_writes: bool = False):
+    """Attention of `heads` at `rows` given the layer's keys (k, v already restricted to the heads'
+    key-value groups, [T, h, d]) and the rows' normalised inputs x_rows [R, D]."""
+    attn = layer.self_attn
+    n_heads = attn.config.num_attention_heads
+    d = attn.head_dim
+    q = attn.q_proj(x_rows).view(len(rows), n_heads, d).index_select(1, heads)
+    if hasattr(attn, "q_norm"):
+        q = attn.q_norm(q)
+    if rotary is not None:
+        q = _rope(q, rotary[0].index_select(0, rows), rotary[1].index_select(0, rows))
+    scores = torch.einsum("rhd,thd->hrt", q.float(), k.float()) * attn.scaling
+    keys = torch.arange(k.shape[0], device=k.device)
+    scores = scores.masked_fill(keys[None, None, :] > rows[None, :, None], float("-inf"))
+    probs = torch.softmax(scores, dim=-1)
+    if not with_writes:
+        return probs, None
+    z = torch.einsum("hrt,thd->rhd", probs, v.float())
+    w_o = attn.o_proj.weight.view(attn.o_proj.weight.shape[0], n_heads, d).index_select(1, heads)
+    return probs, torch.einsum("rhd,Dhd->rhD", z, w_o.float())
+
+
+def kv_groups(layer: torch.nn.Module, heads: torch.Tensor) -> torch.Tensor:
+    """The key-value head of each query head (GQA)."""
+    cfg = layer.self_attn.config
+    return torch.div(heads, cfg.num_attention_heads // cfg.num_key_value_heads, rounding_mode="floor")
+
+
 def attention_rows(layer: torch.nn.Module, hidden_in: torch.Tensor, rotary, rows: torch.Tensor,
                    heads: torch.Tensor, *, with_writes: bool = False):
     """Probabilities of `heads` at `rows` over all keys of one sequence, and optionally their writes.
@@ -87,36 +143,10 @@ def attention_rows(layer: torch.nn.Module, hidden_in: torch.Tensor, rotary, rows
     None; rows: [R] long; heads: [h] long.  Returns probs [h, R, T] (float32, zero after each
     row) and, with_writes, writes [R, h, D] = z_h W_O^h.
     """
-    attn = layer.self_attn
-    cfg = attn.config
-    d = attn.head_dim
-    n_heads = cfg.num_attention_heads
-    group = n_heads // cfg.num_key_value_heads
-    x = layer.input_layernorm(hidden_in)
-    xq = x.index_select(0, rows)
-    q = attn.q_proj(xq).view(len(rows), n_heads, d).index_select(1, heads)
-    kv_heads = torch.div(heads, group, rounding_mode="floor")
-    k = attn.k_proj(x).view(x.shape[0], -1, d)
-    if hasattr(attn, "q_norm"):
-        q = attn.q_norm(q)
-        k = attn.k_norm(k)
-    k = k.index_select(1, kv_heads)
-    if rotary is not None and getattr(attn, "use_rope", True):
-        cos, sin = rotary
-        cos, sin = cos.reshape(-1, cos.shape[-1]), sin.reshape(-1, sin.shape[-1])
-        q = _rope(q, cos.index_select(0, rows), sin.index_select(0, rows))
-        k = _rope(k, cos, sin)
-    scores = torch.einsum("rhd,thd->hrt", q.float(), k.float()) * attn.scaling
-    keys = torch.arange(x.shape[0], device=x.device)
-    scores = scores.masked_fill(keys[None, None, :] > rows[None, :, None], float("-inf"))
-    probs = torch.softmax(scores, dim=-1)
-    if not with_writes:
-        return probs, None
-    v = attn.v_proj(x).view(x.shape[0], -1, d).index_select(1, kv_heads)
-    z = torch.einsum("hrt,thd->rhd", probs, v.float())
-    w_o = attn.o_proj.weight.view(attn.o_proj.weight.shape[0], n_heads, d).index_select(1, heads)
-    writes = torch.einsum("rhd,Dhd->rhD", z, w_o.float())
-    return probs, writes
+    keys = layer_keys(layer, hidden_in, rotary)
+    groups = kv_groups(layer, heads)
+    return rows_from_keys(layer, keys.x.index_select(0, rows), keys.k.index_select(1, groups),
+                          keys.v.index_select(1, groups), keys.rotary, rows, heads, with_writes=with_writes)
 
 
 @dataclass
@@ -149,15 +179,19 @@ class SupervisedRows:
     checkpoint: nothing of it is kept after the forward, it is recomputed with the layer during
     backward, and its gradient reaches the layer input exactly when the layer's own backward runs,
     so no [T, D] gradient waits across layers.  Row chunks get their own nested checkpoint, so a
-    recompute holds one chunk's [heads, rows, T] probabilities at a time.  The hook also runs during
+    recompute holds one chunk's [heads, rows, T] probabilities at a time (only for requests whose
+probabilities exceed `nested_min_elements`; smaller ones are simply kept for the recompute).  The
+layer's normalised input, keys and values are computed once per layer and shared by all rows.  The hook also runs during
     the backward recompute (the checkpoint needs the same saved tensors); only the forward's results
     are kept (`recording`).  The final norm's input (the residual stream at every position) is
     kept for the margin direction of Eq. D.
     """
 
-    def __init__(self, model, layers: Sequence[int], *, row_chunk: int = 256, nested_checkpoint: bool = True):
+    def __init__(self, model, layers: Sequence[int], *, row_chunk: int = 256, nested_checkpoint: bool = True,
+                 nested_min_elements: int = 1 << 27):
         self.row_chunk = row_chunk
         self.nested_checkpoint = nested_checkpoint
+        self.nested_min_elements = nested_min_elements
         self.requests: list[RowRequest] = []
         self.n_buckets = 0
         self.results: dict[int, dict[str, tuple]] = {}
@@ -186,21 +220,26 @@ class SupervisedRows:
         if self.recording and self.final_input is None:
             self.final_input = args[0]
 
-    def _rows(self, layer, hidden, rotary, req: RowRequest, lp: LayerPool):
+    def _rows(self, layer, keys: LayerKeys, req: RowRequest, lp: LayerPool):
+        groups = kv_groups(layer, lp.heads)
+        k, v = keys.k.index_select(1, groups), keys.v.index_select(1, groups)
+        # nested checkpoints only when one request's probabilities in this layer are large: they
+        # cost one more pass over the rows in backward
+        nested = self.nested_checkpoint and torch.is_grad_enabled() and \
+            len(req.rows) * len(lp.heads) * k.shape[0] > self.nested_min_elements
         pooled_chunks, write_chunks = [], []
         for start in range(0, len(req.rows), self.row_chunk):
             r = req.rows[start:start + self.row_chunk]
             bidx = req.bucket_index[start:start + self.row_chunk] if req.bucket_index.dim() == 2 else req.bucket_index
+            x_rows = keys.x.index_select(0, r)
 
-            def run(h, r=r, bidx=bidx):
-                probs, writes = attention_rows(layer, h, rotary, r, lp.heads, with_writes=req.with_writes)
+            def run(x_rows, k, v, r=r, bidx=bidx):
+                probs, writes = rows_from_keys(layer, x_rows, k, v, keys.rotary, r, lp.heads,
+                                               with_writes=req.with_writes)
                 pooled = pool_bucket_attention(probs, bidx, lp.weights.float(), self.n_buckets)
                 return (pooled, writes) if req.with_writes else (pooled,)
 
-            if self.nested_checkpoint and torch.is_grad_enabled():
-                out = checkpoint(run, hidden, use_reentrant=False)
-            else:
-                out = run(hidden)
+            out = checkpoint(run, x_rows, k, v, use_reentrant=False) if nested else run(x_rows, k, v)
             pooled_chunks.append(out[0])
             if req.with_writes:
                 write_chunks.append(out[1])
@@ -213,8 +252,8 @@ class SupervisedRows:
                 return
             hidden = (args[0] if args else kwargs["hidden_states"])[0]
             rotary = kwargs.get("position_embeddings")
-            rot = None if rotary is None else (rotary[0][0], rotary[1][0])
-            outs = {req.key: self._rows(module, hidden, rot, req, lp) for req, lp in items}
+            keys = layer_keys(module, hidden, None if rotary is None else (rotary[0][0], rotary[1][0]))
+            outs = {req.key: self._rows(module, keys, req, lp) for req, lp in items}
             if self.recording and idx not in self.results:
                 self.results[idx] = outs
         return hook

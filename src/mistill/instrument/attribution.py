@@ -30,18 +30,26 @@ import numpy as np
 import torch
 
 from mistill.instrument.events import Event, note_rng
-from mistill.instrument.hook import HeadHook
+from mistill.instrument.hook import HeadHook, Replacement
 from mistill.instrument.margin import margin, margin_and_entropy
-from mistill.instrument.patching import crop_to, forward_variants, forward_variants_chunked, one_head_per_variant
+from mistill.instrument.patching import (
+    crop_to,
+    forward_variants,
+    forward_variants_chunked,
+    one_head_per_variant,
+)
 
 
 def first_order_importance(model, hook: HeadHook, cache, q: int, token_id: int, target_id: int,
-                           competitor_ids: Sequence[int], mu: torch.Tensor, mode: str
-                           ) -> tuple[float, np.ndarray]:
-    """(margin, I^fo [L, H]) at q from one forward and one backward against the cache cropped to [0, q)."""
+                           competitor_ids: Sequence[int], mu: torch.Tensor, mode: str,
+                           replacement: Replacement | None = None) -> tuple[float, np.ndarray]:
+    """(margin, I^fo [L, H]) at q from one forward and one backward against the cache cropped to [0, q).
+
+    With `replacement`, the gradient is taken at the replaced head outputs (integrated gradients).
+    """
     crop_to(cache, q)
     device = next(model.parameters()).device
-    with torch.enable_grad(), hook.gradient_leaves(mode) as leaves:
+    with torch.enable_grad(), hook.replacing(replacement), hook.gradient_leaves(mode) as leaves:
         out = model(input_ids=torch.tensor([[int(token_id)]], device=device),
                     position_ids=torch.tensor([[q]], device=device), past_key_values=cache, use_cache=True)
         m = margin(out.logits[0, -1], target_id, competitor_ids)
@@ -50,8 +58,29 @@ def first_order_importance(model, hook: HeadHook, cache, q: int, token_id: int, 
     z = torch.stack([value[0, -1] for value, _ in leaves])  # [L, H, D]
     g = torch.stack([grad[0, -1] for grad in grads])
     dtype = torch.float64 if z.dtype == torch.float64 else torch.float32
+    if replacement is not None:  # the caller scales the gradient by its own path
+        return float(m.detach()), g.to(dtype).cpu().numpy()
     importance = ((z.to(dtype) - mu.to(z.device, dtype)) * g.to(dtype)).sum(-1)  # = -A_h
     return float(m.detach()), importance.cpu().numpy()
+
+
+def integrated_gradients(model, hook: HeadHook, cache, q: int, token_id: int, target_id: int,
+                         competitor_ids: Sequence[int], mu: torch.Tensor, z: torch.Tensor, steps: int = 5
+                         ) -> np.ndarray:
+    """IG_h = (z_h - mu_h) . mean_a d margin / d z_h at z(a) = mu + a (z - mu), every layer at once.
+
+    Midpoint rule over `steps` points, graph intact (App. C: 5 steps; worse than first-order,
+    plausibly because interpolating every layer together leaves the model's distribution).
+    """
+    L, H = hook.n_layers, hook.n_heads
+    mask = torch.ones(L, 1, H, dtype=torch.bool)
+    total = 0.0
+    for a in (np.arange(steps) + 0.5) / steps:
+        values = mu.to(z.device, z.dtype) + float(a) * (z - mu.to(z.device, z.dtype))
+        _, g = first_order_importance(model, hook, cache, q, token_id, target_id, competitor_ids, mu, "intact",
+                                      Replacement(mask, values))
+        total = total + g
+    return ((z.float() - mu.to(z.device).float()).cpu().numpy() * (total / steps)).sum(-1)
 
 
 def exact_importance(model, hook: HeadHook, cache, q: int, token_id: int, target_id: int,
@@ -137,8 +166,8 @@ def attribute_note(model, hook: HeadHook, cache, mu: torch.Tensor, ids: Sequence
                                                       ev.competitor_ids, mu, mode)
         if ev.kind in exact_kinds or i in exact_null:
             heads = nominees(first[i], nominees_topk, global_top)
-            clean, effects = exact_importance(model, hook, cache, q, ids[q], ev.target_id, ev.competitor_ids,
-                                              mu, heads, max_batch)
+            _, effects = exact_importance(model, hook, cache, q, ids[q], ev.target_id, ev.competitor_ids,
+                                          mu, heads, max_batch)
             for (layer, head), value in zip(heads, effects):
                 exact[i, layer, head] = value
         if progress is not None:
@@ -155,17 +184,18 @@ class SelfTest:
     exact: np.ndarray  # [E, L, H] every head patched exactly
     intact: np.ndarray  # [E, L, H] first-order, graph intact
     detached: np.ndarray  # [E, L, H] first-order, detached leaf
+    integrated: np.ndarray  # [E, L, H] integrated gradients, graph intact
     clean_margin: np.ndarray  # [E]
     repeat_margins: np.ndarray  # [E, R] identical single-token forwards (noise floor)
     positions: np.ndarray
 
 
 def self_test_note(model, hook: HeadHook, cache, mu: torch.Tensor, ids: Sequence[int], events: Sequence[Event], *,
-                   repeats: int = 6, max_batch: int = 64, progress=None) -> SelfTest:
+                   repeats: int = 6, max_batch: int = 64, ig_steps: int = 5, progress=None) -> SelfTest:
     """Every head patched exactly at each event, beside both first-order estimates (App. C, Table 8)."""
     heads = all_heads(hook)
     E, L, H = len(events), hook.n_layers, hook.n_heads
-    exact, intact, detached = (np.zeros((E, L, H)) for _ in range(3))
+    exact, intact, detached, integrated = (np.zeros((E, L, H)) for _ in range(4))
     clean, rep = np.zeros(E), np.zeros((E, repeats))
     for i in sorted(range(E), key=lambda i: -events[i].pos):
         ev = events[i]
@@ -177,13 +207,18 @@ def self_test_note(model, hook: HeadHook, cache, mu: torch.Tensor, ids: Sequence
                                               mu, "intact")
         _, detached[i] = first_order_importance(model, hook, cache, q, ids[q], ev.target_id,
                                                 ev.competitor_ids, mu, "detached")
+        with torch.no_grad(), hook.recording() as rec:
+            forward_variants(model, hook, cache, q, ids[q], None, 1)
+        z = torch.stack([r[0, 0] for r in rec])
+        integrated[i] = integrated_gradients(model, hook, cache, q, ids[q], ev.target_id, ev.competitor_ids, mu,
+                                             z, ig_steps)
         with torch.no_grad():
             for r in range(repeats):
                 logits = forward_variants(model, hook, cache, q, ids[q], None, 1)[0]
                 rep[i, r] = float(margin(logits, ev.target_id, ev.competitor_ids))
         if progress is not None:
             progress()
-    return SelfTest(exact, intact, detached, clean, rep, np.array([e.pos for e in events]))
+    return SelfTest(exact, intact, detached, integrated, clean, rep, np.array([e.pos for e in events]))
 
 
 def fidelity(exact: np.ndarray, estimate: np.ndarray, *, floor: float, top_k: int) -> dict[str, float]:

@@ -5,6 +5,7 @@
     calibrate  NULL calibration, BH, global sets           -> <out>/head_sets_contrast.json, calibration.json
     knockin    necessity and knock-in per bin              -> <out>/<note>/patch2.jsonl, faithfulness2.json
     selftest   attribution fidelity vs exact patching      -> <out>/selftest.json (Table 8)
+    all        the five in order, one model load (the HD-001 stage)
 
 Paths and sizes come from the active profile's `instrument` section of params.yaml
 (the teacher's id, dtype and device from `models`).
@@ -76,11 +77,34 @@ def _selftest(args) -> int:
     return 0
 
 
+def _all(args) -> int:
+    """Every pass in order: what the HD-001 stage runs (each pass resumes per note)."""
+    from mistill.instrument.passes import (
+        load_teacher,
+        run_attribution,
+        run_calibration,
+        run_events,
+        run_knockin,
+        run_selftest,
+    )
+
+    cfg, params = _config(args)
+    model, tokenizer = load_teacher(cfg)
+    kw = dict(model=model, tokenizer=tokenizer)
+    run_events(cfg, params, limit=args.limit, force=args.force, **kw)
+    run_attribution(cfg, params, limit=args.limit, force=args.force, **kw)
+    run_calibration(cfg, params, limit=args.limit)
+    run_knockin(cfg, params, limit=args.limit, force=args.force, **kw)
+    run_selftest(cfg, params, **kw)
+    return 0
+
+
 def register(subparsers) -> None:
     for name, func, help_text in (
         ("events", _events, "extract P1/P2/P2C/NULL events and their margins (HD-001/<note>/events.jsonl)"),
         ("attribute", _attribute, "first-order attribution and exact nominee patches (HD-001/<note>/attr.npz)"),
         ("knockin", _knockin, "necessity and knock-in of head sets (patch2.jsonl, faithfulness2.json)"),
+        ("all", _all, "every pass in order: events, attribute, calibrate, knockin, selftest (HD-001)"),
     ):
         parser = subparsers.add_parser(name, help=help_text, description=help_text)
         _common(parser)

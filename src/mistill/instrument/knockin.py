@@ -26,6 +26,7 @@ from collections.abc import Mapping, Sequence
 import numpy as np
 import torch
 
+from mistill.instrument.attribution import exact_importance, nominees
 from mistill.instrument.events import DECISION_KINDS, Event, note_rng
 from mistill.instrument.hook import HeadHook
 from mistill.instrument.margin import margin
@@ -85,8 +86,15 @@ def faithfulness_note(model, hook: HeadHook, *, note_id: str, clean_ids: Sequenc
                       clean_events: Sequence[Event], donor_id: str, donor_ids: Sequence[int],
                       donor_events: Sequence[Event], global_scores: Mapping[str, np.ndarray],
                       own_scores: Mapping[str, np.ndarray | None], bins: Sequence[int], seed: int,
-                      max_batch: int = 64, donor_match: str = "first", progress=None) -> list[dict]:
-    """One row per clean decision event: necessity margins in the clean run, knock-in margins in the donor's."""
+                      max_batch: int = 64, donor_match: str = "first", progress=None,
+                      p2c_first_order: Mapping[int, np.ndarray] | None = None, p2c_nominees_topk: int = 40,
+                      p2c_global_top: Sequence[tuple[int, int]] = ()) -> list[dict]:
+    """One row per clean decision event: necessity margins in the clean run, knock-in margins in the donor's.
+
+    With `p2c_first_order` (pos -> the attribution pass's I^fo [L, H] at that P2C event), each P2C
+    event's nominees (top-k by |A_h| plus the global top) are also mean-ablated one at a time:
+    the exact P2C refinement of App. D (Table 13).
+    """
     L, H = hook.n_layers, hook.n_heads
     events = [e for e in clean_events if e.kind in DECISION_KINDS and e.kind in global_scores]
     masks = {phase: head_set_masks(phase=phase, note_id=note_id, bins=bins, global_scores=global_scores[phase],
@@ -111,6 +119,13 @@ def faithfulness_note(model, hook: HeadHook, *, note_id: str, clean_ids: Sequenc
                "margin_clean": float(margin(logits[0], ev.target_id, ev.competitor_ids)),
                "margin_clean_batched": m[0], "necessity": _by_set(keys, m[1:]),
                "donor_note": None, "donor_pos": None}
+        if ev.kind == "P2C" and p2c_first_order is not None and ev.pos in p2c_first_order:
+            first = p2c_first_order[ev.pos]
+            heads = nominees(first, p2c_nominees_topk, p2c_global_top)
+            _, effects = exact_importance(model, hook, clean.cache, q, clean_ids[q], ev.target_id,
+                                          ev.competitor_ids, clean.mu, heads, max_batch)
+            row["p2c_exact"] = {"heads": [layer * H + head for layer, head in heads], "exact": effects.tolist(),
+                                "first_order": [float(first[layer, head]) for layer, head in heads]}
         rows.append(row)
         if progress is not None:
             progress()
@@ -209,4 +224,49 @@ def summarize(rows_by_note: Mapping[str, Sequence[dict]], *, bins: Sequence[int]
                 per_bin[str(k)] = cell
         entry["bins"] = per_bin
         out["phases"][phase] = entry
+    return out
+
+
+def exact_refinement(rows_by_note: Mapping[str, Sequence[dict]],
+                     first_order_p2c: Mapping[str, Mapping[int, np.ndarray]], p2c_ic: np.ndarray, *,
+                     top_k: int, fdr: float) -> dict:
+    """The exact P2C refinement (App. D, Table 13): raw I exact where measured, first-order elsewhere.
+
+    Per note, the mean over its P2C events of the exact-merged importance; then the ranking by the
+    mean over notes, its top-k overlap with the first-order I_c ranking (the P2C global set), BH
+    discoveries on the per-note values, and the per-event Pearson of first-order and exact effects
+    over the nominated heads (median over events).  Raw I: not NULL-calibrated.
+    """
+    from scipy import stats
+
+    from mistill.stats import head_discoveries, top_k_overlap
+
+    per_note, n_nominated, corr = [], [], []
+    for note, rows in rows_by_note.items():
+        merged = []
+        for r in rows:
+            if "p2c_exact" not in r or r["pos"] not in first_order_p2c.get(note, {}):
+                continue
+            vec = first_order_p2c[note][r["pos"]].reshape(-1).astype(float).copy()
+            refined = r["p2c_exact"]
+            vec[refined["heads"]] = refined["exact"]
+            merged.append(vec)
+            n_nominated.append(len(refined["heads"]))
+            if len(refined["heads"]) > 2 and np.ptp(refined["exact"]) > 0 and np.ptp(refined["first_order"]) > 0:
+                corr.append(stats.pearsonr(refined["first_order"], refined["exact"]).statistic)
+        if merged:
+            per_note.append(np.mean(merged, axis=0))
+    if not per_note:
+        return {}
+    matrix = np.stack(per_note)
+    mean = matrix.mean(0)
+    k = min(top_k, mean.size)
+    out = {"n_notes": len(per_note), "n_events": len(n_nominated),
+           "nominated_heads_mean": float(np.mean(n_nominated)), "top_k": k,
+           "merged_vs_first_order_top_k_overlap": top_k_overlap(mean, p2c_ic, k),
+           "ranking": np.argsort(-mean, kind="stable").tolist(), "merged_mean": mean.tolist()}
+    if corr:
+        out["first_order_vs_exact_per_event_pearson_median"] = float(np.median(corr))
+    if len(per_note) >= 2:
+        out["merged_bh_positive"] = head_discoveries(matrix, fdr).discoveries.n_positive
     return out

@@ -85,8 +85,15 @@ def commit_artifact(path: Path, write: Callable[[Path], None], meta: dict) -> No
     write_json(_meta_path(path), {**meta, "sha256": file_sha256(path)})
 
 
-def artifact_state(path: Path, loader: Callable[[Path], Any] | None = None) -> str:
-    """'missing', 'valid' or a reason it is corrupt."""
+def config_sha256(cfg: InstrumentConfig) -> str:
+    """The hash of the instrument parameters an artifact was computed under."""
+    import hashlib
+
+    return hashlib.sha256(json.dumps(cfg.as_dict(), sort_keys=True, default=str).encode()).hexdigest()
+
+
+def artifact_state(path: Path, loader: Callable[[Path], Any] | None = None, config: str | None = None) -> str:
+    """'missing', 'valid' or a reason it is corrupt (or stale: computed under other parameters)."""
     meta_path = _meta_path(path)
     if not path.exists() and not meta_path.exists():
         return "missing"
@@ -100,6 +107,8 @@ def artifact_state(path: Path, loader: Callable[[Path], Any] | None = None) -> s
         return "unreadable meta"
     if meta.get("sha256") != file_sha256(path):
         return "checksum mismatch"
+    if config is not None and meta.get("config_sha256") != config:
+        return "stale (computed under other instrument parameters)"
     if loader is not None:
         try:
             loader(path)
@@ -128,8 +137,10 @@ def _say(message: str) -> None:
 class NotePass:
     """Iterate notes with a progress bar, skipping valid artifacts and reporting corrupt ones."""
 
-    def __init__(self, name: str, out_dir: Path, artifact: str, loader=None, force: bool = False):
+    def __init__(self, name: str, out_dir: Path, artifact: str, loader=None, force: bool = False,
+                 config: str | None = None):
         self.name, self.out_dir, self.artifact, self.loader, self.force = name, out_dir, artifact, loader, force
+        self.config = config
         self.skipped: dict[str, str] = {}
         self.done = self.computed = 0
 
@@ -137,11 +148,13 @@ class NotePass:
         return self.out_dir / note_id / self.artifact
 
     def needs(self, note_id: str) -> bool:
-        state = artifact_state(self.path(note_id), self.loader)
+        state = artifact_state(self.path(note_id), self.loader, self.config)
         if state == "valid" and not self.force:
             self.done += 1
             return False
-        if state not in ("missing", "valid"):
+        if state.startswith("stale"):
+            _say(f"mistill instrument {self.name}: {note_id}/{self.artifact} is {state}; recomputing")
+        elif state not in ("missing", "valid"):
             _say(f"mistill instrument {self.name}: {note_id}/{self.artifact} is corrupt ({state}); recomputing")
         return True
 
@@ -254,7 +267,7 @@ def run_events(cfg: InstrumentConfig, params: dict, *, model=None, tokenizer=Non
     if model is None:
         model, tokenizer = load_teacher(cfg)
     out = Path(cfg.out_dir)
-    note_pass = NotePass("events", out, "events.jsonl", load_events, force)
+    note_pass = NotePass("events", out, "events.jsonl", load_events, force, config_sha256(cfg))
     reports: dict[str, dict] = {}
     for trace in tqdm(traces, desc="events", unit="note"):
         path = note_pass.path(trace.note_id)
@@ -283,8 +296,9 @@ def run_events(cfg: InstrumentConfig, params: dict, *, model=None, tokenizer=Non
             e.margin, e.entropy = m, h
         reports[trace.note_id] = asdict(report)
         write_json(report_path, asdict(report))
-        commit_artifact(path, lambda p: write_jsonl(p, [e.to_json() for e in events]),
-                        {"n_events": len(events), "n_tokens": len(ids), "provenance": provenance(params, cfg.seed)})
+        commit_artifact(path, lambda p, events=events: write_jsonl(p, [e.to_json() for e in events]),
+                        {"n_events": len(events), "n_tokens": len(ids), "config_sha256": config_sha256(cfg),
+                         "provenance": provenance(params, cfg.seed)})
         note_pass.computed += 1
     note_pass.finish(params)
     summary = _events_summary(out, traces, note_pass, reports)
@@ -339,7 +353,7 @@ def run_attribution(cfg: InstrumentConfig, params: dict, *, model=None, tokenize
         model, tokenizer = load_teacher(cfg)
     hook = HeadHook(model)
     running = RunningGlobalTop(hook.n_layers, hook.n_heads)
-    note_pass = NotePass("attribute", Path(cfg.out_dir), "attr.npz", load_attr, force)
+    note_pass = NotePass("attribute", Path(cfg.out_dir), "attr.npz", load_attr, force, config_sha256(cfg))
     try:
         # App. C: the running global top-16 depends on note order: the corpus order, logged in the meta.
         for n, (trace, events) in enumerate(tqdm(notes, desc="attribute", unit="note")):
@@ -353,9 +367,9 @@ def run_attribution(cfg: InstrumentConfig, params: dict, *, model=None, tokenize
                                         null_exact_share=cfg.null_exact_share, seed=cfg.seed,
                                         max_batch=cfg.max_batch)
                 del pre
-                commit_artifact(path, lambda p: write_npz(p, **result.arrays()),
+                commit_artifact(path, lambda p, result=result: write_npz(p, **result.arrays()),
                                 {"note_index": n, "hook": cfg.hook, "global_top": global_top,
-                                 "provenance": provenance(params, cfg.seed)})
+                                 "config_sha256": config_sha256(cfg), "provenance": provenance(params, cfg.seed)})
                 note_pass.computed += 1
             arrays = load_attr(path)
             running.update(arrays["first_order"][arrays["kinds"] == "P1"])
@@ -404,7 +418,7 @@ def run_knockin(cfg: InstrumentConfig, params: dict, *, model=None, tokenizer=No
     """Necessity and knock-in per note into the next note's context -> patch2.jsonl, faithfulness2.json."""
     from mistill.instrument.global_sets import load_head_sets, phase_scores
     from mistill.instrument.hook import HeadHook
-    from mistill.instrument.knockin import faithfulness_note, summarize
+    from mistill.instrument.knockin import exact_refinement, faithfulness_note, summarize
 
     out = Path(cfg.out_dir)
     notes = _notes_with_events(cfg, limit)
@@ -421,8 +435,13 @@ def run_knockin(cfg: InstrumentConfig, params: dict, *, model=None, tokenizer=No
         model, tokenizer = load_teacher(cfg)
     hook = HeadHook(model)
     n_heads_total = hook.n_layers * hook.n_heads
+    # App. D: the exact P2C refinement nominates the event's top-k by |A_h| plus the global top
+    p2c_global_top = []
+    if "P2C" in global_scores:
+        order = np.argsort(-global_scores["P2C"], kind="stable")[: cfg.nominees_global_topk]
+        p2c_global_top = [(int(i) // hook.n_heads, int(i) % hook.n_heads) for i in order]
     bins = [k for k in cfg.bins if k <= n_heads_total]
-    note_pass = NotePass("knockin", out, "patch2.jsonl", read_jsonl, force)
+    note_pass = NotePass("knockin", out, "patch2.jsonl", read_jsonl, force, config_sha256(cfg))
     rows_by_note: dict[str, list[dict]] = {}
     try:
         for n, (trace, events) in enumerate(tqdm(notes, desc="knockin", unit="note")):
@@ -434,14 +453,16 @@ def run_knockin(cfg: InstrumentConfig, params: dict, *, model=None, tokenizer=No
                     continue
                 _, ids, _, _ = model_input(tokenizer, trace)
                 _, donor_ids, _, _ = model_input(tokenizer, donor_trace)
+                first_p2c = _p2c_first_order(out / trace.note_id / "attr.npz")
                 rows = faithfulness_note(
                     model, hook, note_id=trace.note_id, clean_ids=ids, clean_events=events,
                     donor_id=donor_trace.note_id, donor_ids=donor_ids, donor_events=donor_events,
                     global_scores=global_scores,
                     own_scores={p: own.get(p, {}).get(trace.note_id) for p in global_scores},
-                    bins=bins, seed=cfg.seed, max_batch=cfg.max_batch, donor_match=cfg.donor_match)
-                commit_artifact(path, lambda p: write_jsonl(p, rows),
-                                {"donor": donor_trace.note_id, "bins": bins,
+                    bins=bins, seed=cfg.seed, max_batch=cfg.max_batch, donor_match=cfg.donor_match,
+                    p2c_first_order=first_p2c, p2c_nominees_topk=cfg.nominees_topk, p2c_global_top=p2c_global_top)
+                commit_artifact(path, lambda p, rows=rows: write_jsonl(p, rows),
+                                {"donor": donor_trace.note_id, "bins": bins, "config_sha256": config_sha256(cfg),
                                  "provenance": provenance(params, cfg.seed)})
                 note_pass.computed += 1
             rows_by_note[trace.note_id] = read_jsonl(path)
@@ -450,8 +471,21 @@ def run_knockin(cfg: InstrumentConfig, params: dict, *, model=None, tokenizer=No
     note_pass.finish(params)
     summary = summarize(rows_by_note, bins=bins, min_range=cfg.min_range)
     summary.update(bins=bins, n_heads_total=n_heads_total)
+    if "P2C" in global_scores:
+        firsts = {note: _p2c_first_order(out / note / "attr.npz") for note in rows_by_note}
+        summary["p2c_exact_refinement"] = exact_refinement(rows_by_note, firsts, global_scores["P2C"],
+                                                           top_k=cfg.pool_k, fdr=cfg.fdr)
     write_json(out / "faithfulness2.json", {**summary, "provenance": provenance(params, cfg.seed)})
     return summary
+
+
+def _p2c_first_order(path: Path) -> dict[int, np.ndarray]:
+    """pos -> I^fo [L, H] of each P2C event in a note's attr.npz (empty if it has none)."""
+    if artifact_state(path, load_attr) != "valid":
+        return {}
+    arrays = load_attr(path)
+    sel = arrays["kinds"] == "P2C"
+    return dict(zip(arrays["positions"][sel].tolist(), arrays["first_order"][sel]))
 
 
 def run_selftest(cfg: InstrumentConfig, params: dict, *, model=None, tokenizer=None,
@@ -491,9 +525,11 @@ def run_selftest(cfg: InstrumentConfig, params: dict, *, model=None, tokenizer=N
     summary = {"note_id": trace.note_id, "n_events": len(p1), "n_heads": n_heads, "top_k": k,
                "forward_margin_noise_sd": sd, "forward_noise_range": spread, "single_head_detection_floor": floor,
                "intact": fidelity(result.exact, result.intact, floor=floor, top_k=k),
-               "detached": fidelity(result.exact, result.detached, floor=floor, top_k=k)}
+               "detached": fidelity(result.exact, result.detached, floor=floor, top_k=k),
+               "integrated_gradients": fidelity(result.exact, result.integrated, floor=floor, top_k=k)}
     out = Path(cfg.out_dir)
     write_npz(out / "selftest.npz", exact=result.exact, intact=result.intact, detached=result.detached,
+              integrated=result.integrated,
               clean_margin=result.clean_margin, repeat_margins=result.repeat_margins, positions=result.positions)
     write_json(out / "selftest.json", {**summary, "provenance": provenance(params, cfg.seed)})
     return summary

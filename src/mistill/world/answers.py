@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import asdict, dataclass
+from itertools import pairwise
 
 from mistill.world.inventory import Inventory
 
@@ -60,7 +61,7 @@ def last_json_list(text: str) -> list | None:
 
 def ascending_share(codes: list[str] | tuple[str, ...]) -> float:
     """Share of consecutive pairs (a, b) with a < b; 0 for fewer than two codes."""
-    pairs = list(zip(codes, codes[1:]))
+    pairs = list(pairwise(codes))
     return sum(a < b for a, b in pairs) / len(pairs) if pairs else 0.0
 
 

@@ -99,8 +99,14 @@ def cmd_notes(args: argparse.Namespace) -> int:
 # -- corpora
 def build_corpora(params: dict[str, Any], notes, inventory) -> dict[str, Any]:
     """Select both corpora (App. A) and return the three note lists and the report, writing nothing."""
-    from mistill.world.corpora import (Eligibility, characterization_traces, corpus_summary, prompt_note,
-                                       select_characterization, select_distillation)
+    from mistill.world.corpora import (
+        Eligibility,
+        characterization_traces,
+        corpus_summary,
+        prompt_note,
+        select_characterization,
+        select_distillation,
+    )
 
     cfg = _world(params, "corpora")
     seed = int(params["seeds"]["corpus"])
@@ -168,11 +174,18 @@ def cmd_shortlists(args: argparse.Namespace) -> int:
     import numpy as np
     from tqdm import tqdm
 
+    from mistill.io import read_jsonl, write_jsonl
     from mistill.world.inventory import load_inventory
     from mistill.world.notes import load_notes
-    from mistill.world.shortlist import (Retriever, RetrieverConfig, build_shortlist, choose_k, macro_recall,
-                                         recall_sweep, retriever_training_notes)
-    from mistill.io import read_jsonl, write_jsonl
+    from mistill.world.shortlist import (
+        Retriever,
+        RetrieverConfig,
+        build_shortlist,
+        choose_k,
+        macro_recall,
+        recall_sweep,
+        retriever_training_notes,
+    )
 
     params = load_params()
     start = time.perf_counter()

@@ -33,7 +33,7 @@ def description(code: str) -> str:
     return icd.get_description(code)
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def block(code: str) -> str:
     """The innermost ICD-10 block containing the code's category ("N17-N19").
 
@@ -49,7 +49,7 @@ def block(code: str) -> str:
     return category
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def chapter(code: str) -> str:
     """The numbered ICD-10-CM chapter ("14"), or "?" for a code the package does not know."""
     category = normalise_code(code)[:3]

@@ -64,12 +64,16 @@ def _l2(rows: np.ndarray) -> np.ndarray:
 
 
 class TfidfEncoder:
-    """Demo encoder: TF-IDF (unigrams and bigrams, sublinear tf) fitted on training chunks and descriptions."""
+    """Demo encoder: TF-IDF (unigrams and bigrams, sublinear tf) fitted on training chunks and descriptions.
 
-    def __init__(self) -> None:
+    The vocabulary is capped at the `max_features` most frequent terms, which
+    keeps the head's [max; mean] features small enough to fit in seconds.
+    """
+
+    def __init__(self, max_features: int | None = 1500) -> None:
         from sklearn.feature_extraction.text import TfidfVectorizer
 
-        self.vectorizer = TfidfVectorizer(ngram_range=(1, 2), sublinear_tf=True, min_df=1)
+        self.vectorizer = TfidfVectorizer(ngram_range=(1, 2), sublinear_tf=True, max_features=max_features)
 
     def fit(self, texts: Sequence[str]) -> None:
         self.vectorizer.fit(texts)
@@ -113,8 +117,8 @@ class TransformerEncoder:
         return _l2(np.concatenate(rows).astype(np.float64))
 
 
-def make_encoder(name: str) -> Encoder:
-    return TfidfEncoder() if name == "tfidf" else TransformerEncoder(name)
+def make_encoder(name: str, *, tfidf_max_features: int | None = 1500) -> Encoder:
+    return TfidfEncoder(tfidf_max_features) if name == "tfidf" else TransformerEncoder(name)
 
 
 # -- the retriever
@@ -125,11 +129,12 @@ class RetrieverConfig:
     chunk_stride: int = 48
     rrf_k: int = 60
     lr_c: float = 4.0
+    tfidf_max_features: int | None = 1500
 
     @classmethod
     def from_params(cls, params: dict) -> RetrieverConfig:
         return cls(str(params["encoder"]), int(params["chunk_words"]), int(params["chunk_stride"]),
-                   int(params["rrf_k"]), float(params["lr_c"]))
+                   int(params["rrf_k"]), float(params["lr_c"]), params.get("tfidf_max_features"))
 
 
 def _ranks(scores: np.ndarray) -> np.ndarray:
@@ -144,8 +149,8 @@ class Retriever:
     def __init__(self, inventory: Inventory, config: RetrieverConfig, encoder: Encoder | None = None):
         self.inventory = inventory
         self.config = config
-        self.encoder = encoder or make_encoder(config.encoder)
-        self.head = None
+        self.encoder = encoder or make_encoder(config.encoder, tfidf_max_features=config.tfidf_max_features)
+        self.head: tuple[np.ndarray, np.ndarray] | None = None   # (weights [codes, features], intercepts)
         self.trained_codes = np.zeros(len(inventory), dtype=bool)
         self._code_vectors: np.ndarray | None = None
 
@@ -175,11 +180,14 @@ class Retriever:
         # A code that is always or never positive in training cannot be fitted: zero-shot only.
         positives = labels.sum(axis=0)
         self.trained_codes = (positives > 0) & (positives < len(train_notes))
-        self.head = {}
+        weights = np.zeros((len(self.inventory), features.shape[1]))
+        intercepts = np.zeros(len(self.inventory))
         for column in np.flatnonzero(self.trained_codes):
-            model = LogisticRegression(C=self.config.lr_c, max_iter=1000)
+            # one binary L2 logistic regression per code; liblinear's dual solver suits n_notes << n_features
+            model = LogisticRegression(C=self.config.lr_c, solver="liblinear", dual=True, max_iter=2000)
             model.fit(features, labels[:, column])
-            self.head[int(column)] = model
+            weights[column], intercepts[column] = model.coef_[0], model.intercept_[0]
+        self.head = (weights, intercepts)
         return self
 
     def scores(self, note: Note) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -188,11 +196,9 @@ class Retriever:
             raise UserError("shortlist: the retriever is not fitted")
         chunk_vectors = self.encoder.encode(self._chunks(note))
         zero_shot = (chunk_vectors @ self._code_vectors.T).max(axis=0)
-        head = np.full(len(self.inventory), np.nan)
-        if self.head:
-            features = self._pooled(chunk_vectors)[None, :]
-            for column, model in self.head.items():
-                head[column] = model.predict_proba(features)[0, 1]
+        weights, intercepts = self.head
+        logits = weights @ self._pooled(chunk_vectors) + intercepts
+        head = np.where(self.trained_codes, 1.0 / (1.0 + np.exp(-logits)), np.nan)
         k = self.config.rrf_k
         fused = 1.0 / (k + _ranks(zero_shot))
         trained = self.trained_codes
