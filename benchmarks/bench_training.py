@@ -182,7 +182,7 @@ def run_arm(arm_name: str, args, batch: arms.NoteBatch, pools) -> dict:
     device = torch.device(args.device)
     model = build_model(args.shape, args.device, len(batch.ids))
     cfg = TrainConfig(precision="bf16", gradient_checkpointing=True,
-                      offload_checkpoints=bool(args.offload) and device.type == "cuda")
+                      offload_checkpoints=bool(args.offload) and device.type == "cuda", mlp_chunk=args.mlp_chunk)
     model = prepare_model(model, cfg)
     opt, _ = make_optimizer(model, cfg, total_steps=10)
     arm = arms.ArmConfig(arm=arm_name, window=args.window, logit_chunk=args.logit_chunk, row_chunk=args.row_chunk)
@@ -243,6 +243,7 @@ def main(argv=None) -> int:
     ap.add_argument("--notes", type=int, default=2, help="measured micro-steps per arm (after one warm-up)")
     ap.add_argument("--logit-chunk", type=int, default=256)
     ap.add_argument("--offload", type=int, default=1, help="hold checkpointed layer inputs in host memory (1/0)")
+    ap.add_argument("--mlp-chunk", type=int, default=4096, help="tokens per checkpointed MLP chunk (0: off)")
     ap.add_argument("--row-chunk", type=int, default=256)
     ap.add_argument("--arms", default="vanilla,mistill")
     ap.add_argument("--seed", type=int, default=0)
@@ -279,7 +280,8 @@ def main(argv=None) -> int:
                "supervised_rows": len(kinds) + sum(1 for k2 in kinds if k2 == "P1") * args.window,
                "pool_k": k, "pool_layers": len(supervised_layers(pools, pools["P1"])), "setup_s": setup_s,
                "precision": "bf16 weights, no fp32 master copy, fused AdamW, gradient checkpointing, sdpa",
-               "offload_checkpoints": bool(args.offload), "logit_chunk": args.logit_chunk, "arms": {}}
+               "offload_checkpoints": bool(args.offload), "logit_chunk": args.logit_chunk,
+               "mlp_chunk": args.mlp_chunk, "arms": {}}
     for name in args.arms.split(","):
         summary["arms"][name] = run_arm(name, args, batch, pools)
         gc.collect()  # the arm's model and optimiser are gone; free their memory before the next arm

@@ -43,21 +43,21 @@ def make_events():
     return events
 
 
-@pytest.fixture
+@pytest.fixture(scope="module")
 def note_prompt():
     return build_prompt(NOTE_TEXT, LINES)
 
 
-@pytest.fixture
+@pytest.fixture(scope="module")
 def completion():
     return COMPLETION
 
 
-@pytest.fixture
+@pytest.fixture(scope="module")
 def events():
     return make_events()
 
 
-@pytest.fixture
+@pytest.fixture(scope="module")
 def lines():
     return LINES

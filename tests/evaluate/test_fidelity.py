@@ -59,3 +59,28 @@ def test_las_hand_worked():
     # note 0: 1 - 2/3 ; note 1: 0 - 1
     assert fidelity.las_per_note(with_r, note_only, teacher) == pytest.approx([1 / 3, -1.0])
     assert fidelity.las(with_r, note_only, teacher) == pytest.approx((1 / 3 - 1) / 2)
+
+
+def test_teacher_forced_nll_matches_the_models_own_loss():
+    import torch
+
+    from mistill.models.architectures import TinyArchitecture, build_model
+    from mistill.models.tokenizers import CompactTokenizer, build_remap, qwen3_tokenizer
+
+    base = qwen3_tokenizer()
+    prompt, completion = "Code this note.", "<think>\nN18.9 fits.\n</think>\n\n[\"N18.9\"]"
+    prefix = base.chat_prompt(prompt)
+    tok = CompactTokenizer(base, build_remap(base, [prefix + completion]))
+    arch = TinyArchitecture(family="qwen3", hidden_size=32, intermediate_size=48, num_hidden_layers=2,
+                            num_attention_heads=4, num_key_value_heads=2, head_dim=8)
+    model = build_model(arch, vocab_size=tok.vocab_size, eos_token_id=tok.eos_token_id,
+                        pad_token_id=tok.pad_token_id, seed=0)
+    nll = fidelity.teacher_forced_nll(model, tok, prompt, completion)
+    ids = torch.tensor([tok.encode(prefix + completion).ids])
+    n_prefix = len(tok.encode(prefix).ids)
+    labels = ids.clone()
+    labels[0, :n_prefix] = -100
+    with torch.no_grad():
+        loss = model(input_ids=ids, labels=labels).loss
+    assert len(nll) == ids.shape[1] - n_prefix
+    assert sum(nll) / len(nll) == pytest.approx(float(loss), rel=1e-5)

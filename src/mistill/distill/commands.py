@@ -104,7 +104,9 @@ def cmd_train(args) -> int:
     tc = cfg["train"]
     train_cfg = TrainConfig(epochs=int(tc["epochs"]), batch=int(tc["batch"]), lr=float(args.lr or tc["lr"]),
                             warmup_frac=float(tc["warmup_frac"]), clip=float(tc["clip"]), precision=precision,
-                            seed=seed, gradient_checkpointing=bool(tc["gradient_checkpointing"]))
+                            seed=seed, gradient_checkpointing=bool(tc["gradient_checkpointing"]),
+                            offload_checkpoints=bool(tc.get("offload_checkpoints", False)),
+                            mlp_chunk=int(tc.get("mlp_chunk", 0)))
     campaign = "DT-001" if args.arm == "mistill" else "DT-000"
     out = Path(args.out) if args.out else Path(cfg["runs_dir"]) / campaign / \
         f"{Path(str(student_spec)).name}-{args.arm}-{precision}-s{seed}"

@@ -89,7 +89,8 @@ def config_sha256(cfg: InstrumentConfig) -> str:
     """The hash of the instrument parameters an artifact was computed under."""
     import hashlib
 
-    return hashlib.sha256(json.dumps(cfg.as_dict(), sort_keys=True, default=str).encode()).hexdigest()
+    body = {k: v for k, v in cfg.as_dict().items() if k != "out_dir"}  # where it lies is not what it is
+    return hashlib.sha256(json.dumps(body, sort_keys=True, default=str).encode()).hexdigest()
 
 
 def artifact_state(path: Path, loader: Callable[[Path], Any] | None = None, config: str | None = None) -> str:

@@ -158,6 +158,8 @@ def cmd_train_teacher(args) -> int:
                         attn_implementation=cfg.get("attn_implementation", "sdpa")).to(device)
     if args.epochs is not None:
         cfg = {**cfg, "epochs": args.epochs}
+    if args.max_steps is not None:
+        cfg = {**cfg, "max_steps": args.max_steps}
     start = time.time()
     log = train(model, examples, cfg)
     seconds = time.time() - start
@@ -171,7 +173,8 @@ def cmd_train_teacher(args) -> int:
                         unknown_tokens=sum(unknown.values()),
                         torch_threads=__import__("torch").get_num_threads())
     save_model_dir(model.cpu(), tokenizer, out, {"training_log.json": {"provenance": record, "steps": log}})
-    print(f"teacher: {n_params} parameters, {len(examples)} examples, {seconds:.0f}s on {device} -> {out}")
+    print(f"teacher: {n_params} parameters, {len(examples)} examples, {len(log)} steps, {seconds:.0f}s on {device} "
+          f"-> {out}")
     return 0
 
 
@@ -233,18 +236,21 @@ def cmd_traces(args) -> int:
     spec = args.model or section["teacher"]
     base_seed = int(params["seeds"]["decoding"])
     backend = section.get("generation_backend", "transformers")
+    # Sampling reads no attention probabilities, so it may use sdpa (the same function as eager, with a
+    # fused kernel); the setting is recorded with the decoding settings.
+    attn = section.get("generation_attn_implementation") or section.get("attn_implementation", "eager")
     load_kwargs = {"dtype": section.get("dtype"), "rope_scaling": (section.get("rope_scaling") or {}).get("teacher"),
-                   "attn_implementation": section.get("attn_implementation", "eager")}
+                   "attn_implementation": attn}
     path = trace_path(params, args.set)
-    settings = {**decoding.as_dict(), "backend": backend}
+    settings = {**decoding.as_dict(), "backend": backend, "attn_implementation": attn}
 
     done: dict[str, dict] = {}
     if path.exists():  # resumable per note: keep records made with the same model and decoding
         done = {r["note_id"]: r for r in read_jsonl(path)
                 if r.get("model") == spec and r.get("decoding") == settings}
     todo = [n for n in notes if n.note_id not in done]
+    device = _device(args.device or section.get("device")) if backend == "transformers" else "vllm"
     if backend == "transformers" and todo:
-        device = _device(args.device or section.get("device"))
         model, tokenizer = load_model(spec, **load_kwargs, device=device)
         runner = (model, tokenizer)
     else:
@@ -275,7 +281,8 @@ def cmd_traces(args) -> int:
     summary = summarize(records, gold, splits, candidates, most_frequent_code(train_gold))
     summary["provenance"] = provenance({"models": section, "decoding": params["decoding"],
                                         "seeds": params["seeds"]}, seed=base_seed, trace_set=args.set,
-                                       prompt_kind=kind, model=spec, prompt_template_sha256=template_hash())
+                                       prompt_kind=kind, model=spec, prompt_template_sha256=template_hash(),
+                                       device=device, torch_threads=__import__("torch").get_num_threads())
     write_json(path.with_name("summary.json"), summary)
     overall = summary["overall"]
     print(f"{args.set}: {overall['notes']} notes, valid {overall['valid_rate']:.2f}, "
@@ -287,6 +294,7 @@ def register(subparsers) -> None:
     sub = subparsers.add_parser("train-teacher", help="train the tiny demo teacher on scripted traces")
     sub.add_argument("--device", help="cpu, cuda or auto (default: params models.device)")
     sub.add_argument("--epochs", type=int, help="override models.teacher_training.epochs")
+    sub.add_argument("--max-steps", type=int, help="stop after N optimiser steps (smoke runs, timing)")
     sub.add_argument("--out", help="output directory (default: params models.teacher)")
     sub.set_defaults(func=cmd_train_teacher)
 

@@ -143,7 +143,9 @@ def batch_loss(model: Any, batch: list[TeacherExample], *, min_shared: int = 64)
     selected = labels != IGNORE
     logits = model.lm_head(hidden[selected])  # the vocabulary head only where the loss reads it
     n_tokens = int(selected.sum())
-    return F.cross_entropy(logits.float(), labels[selected], reduction="mean"), n_tokens
+    if logits.dtype in (torch.bfloat16, torch.float16):
+        logits = logits.float()  # the softmax in at least single precision
+    return F.cross_entropy(logits, labels[selected], reduction="mean"), n_tokens
 
 
 def make_batches(examples: list[TeacherExample], batch_size: int, rng: random.Random) -> list[list[TeacherExample]]:
@@ -177,11 +179,15 @@ def train(model: Any, examples: list[TeacherExample], config: dict[str, Any], *,
                                   weight_decay=float(config.get("weight_decay", 0.0)))
     steps_per_epoch = len(make_batches(examples, batch_size, random.Random(0)))
     total = steps_per_epoch * epochs
+    # max_steps stops early (smoke runs, timing) without changing the schedule of the full run
+    stop = min(total, int(config.get("max_steps") or total))
     model.train()
     log, step, start = [], 0, time.time()
-    bar = tqdm(total=total, desc="teacher", unit="step", disable=not progress)
+    bar = tqdm(total=stop, desc="teacher", unit="step", disable=not progress)
     for epoch in range(epochs):
         for batch in make_batches(examples, batch_size, random.Random(seed * 1_000_003 + epoch)):
+            if step >= stop:
+                break
             lr = lr_at(step, total, float(config["lr"]), float(config.get("warmup_share", 0.05)))
             for group in optimizer.param_groups:
                 group["lr"] = lr
@@ -190,7 +196,7 @@ def train(model: Any, examples: list[TeacherExample], config: dict[str, Any], *,
             loss.backward()
             torch.nn.utils.clip_grad_norm_(model.parameters(), float(config.get("clip", 1.0)))
             optimizer.step()
-            log.append({"epoch": epoch, "step": step, "lr": lr, "loss": float(loss), "tokens": n_tokens,
+            log.append({"epoch": epoch, "step": step, "lr": lr, "loss": float(loss.detach()), "tokens": n_tokens,
                         "kind": batch[0].kind, "seconds": round(time.time() - start, 2)})
             step += 1
             bar.update(1)

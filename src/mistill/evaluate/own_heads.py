@@ -1,0 +1,375 @@
+"""The own-heads chain for one trained arm and seed (Sec. 4.4, App. K "M4", App. Q R-D6).
+
+Heads are re-ranked in each student after training, on the validation traces, and read on the
+test notes (cross-fit, App. K):
+
+(a) attribution: the calibrated attribution pass of App. C on the trained checkpoint, teacher-forced
+    on the teacher's validation traces (TR-007), at the teacher's events realised in the student's
+    tokenizer (App. I.1 anchor rule; NULL events by the same rule, their letter tokens the
+    student's own) -> HD-S-<arm>-s<seed>/head_sets_contrast.json (the student's own ranking I_c);
+(b) knock-in (M4): per test note teacher-forced on the teacher's trace (TR-008 test), the own
+    top-k per phase knocked into the next test note's context at matched events, beside
+    count-matched random sets (redrawn per note and bin) and the bottom-k; recovery
+
+        R = (margin_set - margin_corr) / (margin_all - margin_corr),   gated at 1 nat,
+
+    reported as medians over notes of per-note means -> M6-<arm>-s<seed>/faithfulness2.json and
+    <note>/patch2.jsonl; knocking in every head returns the clean margin (the validation check);
+(c) read side of the own top-k (16 in the paper) per phase beside as many random heads: M2 region
+    lift, M3 loop-back (N vs S), prefix share -> M6-<arm>-s<seed>/readside.json and
+    <note>/readside.jsonl.
+
+Each stage is a pass over notes, resumable per note; `timing.json` records each stage's wall time.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+from tqdm import tqdm
+
+from mistill.distill.alignment import CompetitorMap, decision_row, realize_events
+from mistill.distill.targets import competitor_strings
+from mistill.errors import UserError
+from mistill.instrument.events import DECISION_KINDS, Event, note_rng
+from mistill.instrument.passes import (
+    InstrumentConfig,
+    NotePass,
+    Trace,
+    commit_artifact,
+    load_events,
+    load_traces,
+    model_input,
+)
+from mistill.io import provenance, read_jsonl, write_json, write_jsonl
+
+STAGES = ("attribute", "knockin", "readside")
+
+
+@dataclass
+class OwnHeadsConfig:
+    """params.yaml `evaluate.own_heads` (+ the test set from `evaluate`, instrument settings)."""
+
+    validation_traces: str
+    validation_events_dir: str
+    test_traces: str
+    test_notes: str
+    test_events_dir: str
+    artifacts: str = "artifacts"
+    bins: tuple[int, ...] = (8, 40)
+    readside_k: int = 16
+    readside_phases: tuple[str, ...] = ("P1", "P2", "P2C")
+    seed: int = 0
+    min_range: float = 1.0
+    donor_match: str = "first"
+    max_batch: int = 64
+
+    @classmethod
+    def from_params(cls, params: dict) -> OwnHeadsConfig:
+        evaluate = params.get("evaluate") or {}
+        section = evaluate.get("own_heads")
+        if not section:
+            raise UserError("params.yaml: the active profile has no `evaluate.own_heads` section")
+        knockin = (params.get("instrument") or {}).get("knockin") or {}
+        attribution = (params.get("instrument") or {}).get("attribution") or {}
+        try:
+            return cls(validation_traces=section["validation_traces"],
+                       validation_events_dir=section["validation_events_dir"],
+                       test_traces=section.get("test_traces", evaluate.get("teacher_traces")),
+                       test_notes=evaluate["test_notes"],
+                       test_events_dir=section.get("test_events_dir", evaluate.get("events_dir")),
+                       artifacts=(params.get("paths") or {}).get("artifacts", "artifacts"),
+                       bins=tuple(int(k) for k in section["bins"]), readside_k=int(section["readside_k"]),
+                       readside_phases=tuple(section.get("readside_phases", ("P1", "P2", "P2C"))),
+                       seed=int(section.get("seed", 0)),
+                       min_range=float(knockin.get("min_range", 1.0)),
+                       donor_match=str(knockin.get("donor_match", "first")),
+                       max_batch=int(attribution.get("max_batch", 64)))
+        except KeyError as err:
+            raise UserError(f"params.yaml evaluate.own_heads: missing {err}") from None
+
+    def digest(self) -> str:
+        return hashlib.sha256(json.dumps(dataclasses.asdict(self), sort_keys=True).encode()).hexdigest()
+
+
+def arm_dirs(artifacts: str | Path, arm: str, seed: int) -> tuple[Path, Path]:
+    """(HD-S-<arm>-s<seed>, M6-<arm>-s<seed>) under the artifacts directory (App. Q names)."""
+    tag = f"{arm}-s{seed}"
+    return Path(artifacts) / f"HD-S-{tag}", Path(artifacts) / f"M6-{tag}"
+
+
+# ---- the teacher's events in the student's tokenizer -------------------------------------------------
+
+
+def realize_note_events(teacher_events: Sequence[dict], teacher_tokenizer, tokenizer, trace: Trace
+                        ) -> tuple[list[int], list[Event]]:
+    """(student ids, events) of one teacher-forced trace in the student's tokenization.
+
+    P1 / P2 / P2C by the anchor rule of App. I.1 (`mistill.distill.alignment`): the event is kept
+    only where the student's next token begins at the anchor, never moved.  NULL events by the same
+    rule; their target and competitor letters (" A", " B", ...) become the student's single tokens.
+    """
+    text, ids, offsets, completion_at = model_input(tokenizer, trace)
+    comps = competitor_strings(teacher_tokenizer, list(teacher_events))
+    cmap = CompetitorMap(tokenizer)
+    realized = realize_events(list(teacher_events), comps, ids=ids, offsets=offsets, text=text,
+                              completion_at=completion_at, competitor_map=cmap)
+    events = []
+    for r in realized:
+        ev = teacher_events[r.index]
+        events.append(Event(r.kind, r.row + 1, int(r.target_id), [int(c) for c in r.competitor_ids],
+                            int(ev["anchor"]), code=ev.get("code"), prefix=ev.get("prefix"),
+                            near_miss=ev.get("near_miss")))
+    unk = getattr(tokenizer, "unk_token_id", None)
+
+    def single(s: str) -> int | None:
+        i = cmap.single_id(s)
+        return None if i is None or i == unk else int(i)
+
+    for ev, comp in zip(teacher_events, comps):
+        if ev["kind"] != "NULL":
+            continue
+        q = decision_row(offsets, text, completion_at + int(ev["anchor"]))
+        target = single(teacher_tokenizer.decode([int(ev["target_id"])]))
+        competitors = [c for c in (single(s) for s in comp) if c is not None and c != target]
+        if q is None or target is None or not competitors:
+            continue
+        events.append(Event("NULL", q + 1, target, sorted(set(competitors)), int(ev["anchor"])))
+    events.sort(key=lambda e: (e.pos, ("P1", "P2", "P2C", "NULL").index(e.kind)))
+    return ids, events
+
+
+def write_realized_events(traces: Sequence[Trace], events_dir: Path, out_dir: Path, teacher_tokenizer, tokenizer,
+                          params: dict, *, seed: int, force: bool = False) -> dict[str, list[Event]]:
+    """<out_dir>/<note>/events.jsonl for every trace with teacher events (resumable per note)."""
+    note_pass = NotePass("realize", out_dir, "events.jsonl", load_events, force)
+    out: dict[str, list[Event]] = {}
+    for trace in tqdm(traces, desc="realize events", unit="note"):
+        path = note_pass.path(trace.note_id)
+        if note_pass.needs(trace.note_id):
+            source = Path(events_dir) / trace.note_id / "events.jsonl"
+            if not source.exists():
+                note_pass.skip(trace.note_id, f"no teacher events at {source}")
+                continue
+            teacher_events = read_jsonl(source)
+            _, events = realize_note_events(teacher_events, teacher_tokenizer, tokenizer, trace)
+            if not any(e.kind in DECISION_KINDS for e in events):
+                note_pass.skip(trace.note_id, "the student realises none of the teacher's decision events")
+                continue
+            counts = {k: sum(e["kind"] == k for e in teacher_events) for k in ("P1", "P2", "P2C", "NULL")}
+            commit_artifact(path, lambda p, events=events: write_jsonl(p, [e.to_json() for e in events]),
+                            {"teacher_events": str(source), "teacher_counts": counts,
+                             "realized_counts": {k: sum(e.kind == k for e in events) for k in counts},
+                             "provenance": provenance(params, seed)})
+            note_pass.computed += 1
+        out[trace.note_id] = load_events(path)
+    note_pass.finish(params)
+    return out
+
+
+# ---- (a) the student's own ranking ------------------------------------------------------------------
+
+
+def attribution_stage(model, tokenizer, teacher_tokenizer, cfg: OwnHeadsConfig, inst: InstrumentConfig,
+                      hd_dir: Path, params: dict, *, limit: int | None = None, force: bool = False) -> dict:
+    """App. C's calibrated attribution pass on the student over the validation traces -> head sets."""
+    from mistill.instrument.passes import run_attribution, run_calibration
+
+    traces = load_traces(cfg.validation_traces)[:limit]
+    write_realized_events(traces, Path(cfg.validation_events_dir), hd_dir, teacher_tokenizer, tokenizer, params,
+                          seed=cfg.seed, force=force)
+    student_cfg = dataclasses.replace(inst, traces=cfg.validation_traces, out_dir=str(hd_dir))
+    run_attribution(student_cfg, params, model=model, tokenizer=tokenizer, limit=limit, force=force)
+    return run_calibration(student_cfg, params, limit=limit)
+
+
+# ---- (b) knock-in of the own heads on the test notes --------------------------------------------------
+
+
+def test_traces(cfg: OwnHeadsConfig, limit: int | None = None) -> list[Trace]:
+    """The teacher's traces of the test notes, in the test notes' order (TR-008 test)."""
+    from mistill.world.notes import load_notes
+
+    by_id = {t.note_id: t for t in load_traces(cfg.test_traces)}
+    test_ids = [n.note_id for n in load_notes(cfg.test_notes)]
+    missing = [n for n in test_ids if n not in by_id]
+    if len(missing) == len(test_ids):
+        raise UserError(f"{cfg.test_traces}: no trace of any test note of {cfg.test_notes}")
+    return [by_id[n] for n in test_ids if n in by_id][:limit]
+
+
+def own_scores(head_sets: dict) -> dict[str, np.ndarray]:
+    from mistill.instrument.global_sets import phase_scores
+
+    return {p: phase_scores(head_sets, p) for p in DECISION_KINDS if p in head_sets["phases"]}
+
+
+def knockin_stage(model, tokenizer, teacher_tokenizer, cfg: OwnHeadsConfig, hd_dir: Path, m6_dir: Path,
+                  params: dict, *, limit: int | None = None, force: bool = False) -> dict:
+    """Own top-k, random-k and bottom-k knocked into the next test note's context (App. K, M4)."""
+    from mistill.instrument.global_sets import load_head_sets
+    from mistill.instrument.hook import HeadHook
+    from mistill.instrument.knockin import faithfulness_note, summarize
+
+    head_sets_path = hd_dir / "head_sets_contrast.json"
+    scores = own_scores(load_head_sets(head_sets_path))
+    traces = test_traces(cfg, limit)
+    events = write_realized_events(traces, Path(cfg.test_events_dir), m6_dir, teacher_tokenizer, tokenizer, params,
+                                   seed=cfg.seed, force=force)
+    notes = [t for t in traces if t.note_id in events]
+    hook = HeadHook(model)
+    n_total = hook.n_layers * hook.n_heads
+    bins = [k for k in cfg.bins if k <= n_total]
+    if not bins:
+        raise UserError(f"evaluate.own_heads.bins {list(cfg.bins)}: none fits the model's {n_total} heads")
+    digest = cfg.digest()
+    note_pass = NotePass("own-knockin", m6_dir, "patch2.jsonl", read_jsonl, force, digest)
+    rows_by_note: dict[str, list[dict]] = {}
+    try:
+        for n, trace in enumerate(tqdm(notes, desc="own-heads knock-in", unit="note")):
+            path = note_pass.path(trace.note_id)
+            if note_pass.needs(trace.note_id):
+                donor = notes[(n + 1) % len(notes)]  # App. K: the donor is the next test note; wrap
+                if donor.note_id == trace.note_id:
+                    note_pass.skip(trace.note_id, "no other test note to serve as the corrupted run")
+                    continue
+                _, ids, _, _ = model_input(tokenizer, trace)
+                _, donor_ids, _, _ = model_input(tokenizer, donor)
+                rows = faithfulness_note(
+                    model, hook, note_id=trace.note_id, clean_ids=ids, clean_events=events[trace.note_id],
+                    donor_id=donor.note_id, donor_ids=donor_ids, donor_events=events[donor.note_id],
+                    global_scores=scores, own_scores={p: None for p in scores}, bins=bins, seed=cfg.seed,
+                    max_batch=cfg.max_batch, donor_match=cfg.donor_match)
+                commit_artifact(path, lambda p, rows=rows: write_jsonl(p, rows),
+                                {"donor": donor.note_id, "bins": bins, "heads_from": str(head_sets_path),
+                                 "config_sha256": digest, "provenance": provenance(params, cfg.seed)})
+                note_pass.computed += 1
+            rows_by_note[trace.note_id] = read_jsonl(path)
+    finally:
+        hook.remove()
+    note_pass.finish(params)
+    summary = summarize(rows_by_note, bins=bins, min_range=cfg.min_range)
+    summary.update(bins=bins, n_heads_total=n_total, heads_from=str(head_sets_path),
+                   notes=list(rows_by_note), set_kinds={"top": "own top-k by I_c (validation traces)",
+                                                        "random": "count-matched random, per note and bin",
+                                                        "bottom": "own bottom-k by I_c"})
+    write_json(m6_dir / "faithfulness2.json", {**summary, "provenance": provenance(params, cfg.seed)})
+    return summary
+
+
+# ---- (c) the read side of the own top-k --------------------------------------------------------------
+
+
+def readside_panels(scores: dict[str, np.ndarray], k: int, n_layers: int, n_heads: int, seed: int,
+                    phases: Sequence[str]) -> dict[str, dict[str, list[int]]]:
+    """Per phase: the own top-k by I_c and k random heads (one seeded draw per phase, App. E panel)."""
+    n = n_layers * n_heads
+    k = min(k, n)
+    panels = {}
+    for phase in phases:
+        if phase not in scores:
+            continue
+        top = np.argsort(-scores[phase], kind="stable")[:k]
+        random = note_rng(seed, f"readside:{phase}:random").choice(n, size=k, replace=False)
+        panels[phase] = {"top": [int(h) for h in top], "random": [int(h) for h in random]}
+    return panels
+
+
+def readside_stage(model, tokenizer, teacher_tokenizer, cfg: OwnHeadsConfig, hd_dir: Path, m6_dir: Path,
+                   params: dict, *, limit: int | None = None, force: bool = False) -> dict:
+    """M2, M3 and prefix share of the own top-k per phase on the test notes -> readside.json."""
+    from mistill.instrument.global_sets import load_head_sets
+    from mistill.instrument.readside import ReadEvent, note_layout, read_note, summarize_panels
+
+    sets = load_head_sets(hd_dir / "head_sets_contrast.json")
+    L, H = sets["n_layers"], sets["n_heads"]
+    panels = readside_panels(own_scores(sets), cfg.readside_k, L, H, cfg.seed, cfg.readside_phases)
+    heads = sorted({h for by in panels.values() for hs in by.values() for h in hs})
+    pairs = [(h // H, h % H) for h in heads]
+    digest = hashlib.sha256((cfg.digest() + json.dumps(panels, sort_keys=True)).encode()).hexdigest()
+    note_pass = NotePass("readside", m6_dir, "readside.jsonl", read_jsonl, force, digest)
+    traces = test_traces(cfg, limit)
+    realized = write_realized_events(traces, Path(cfg.test_events_dir), m6_dir, teacher_tokenizer, tokenizer,
+                                     params, seed=cfg.seed)
+    rows_by_note: dict[str, list[dict]] = {}
+    for trace in tqdm([t for t in traces if t.note_id in realized], desc="read side", unit="note"):
+        path = note_pass.path(trace.note_id)
+        if note_pass.needs(trace.note_id):
+            text, ids, offsets, completion_at = model_input(tokenizer, trace)
+            layout = note_layout(text, offsets, trace.prompt, completion_at)
+            events = [ReadEvent(e.kind, e.pos, e.anchor, e.code, e.prefix or "", e.near_miss)
+                      for e in realized[trace.note_id] if e.kind in panels]
+            rows = read_note(model, ids, layout, events, pairs)
+            commit_artifact(path, lambda p, rows=rows: write_jsonl(p, rows),
+                            {"panels": panels, "config_sha256": digest, "provenance": provenance(params, cfg.seed)})
+            note_pass.computed += 1
+        rows_by_note[trace.note_id] = read_jsonl(path)
+    note_pass.finish(params)
+    summary = summarize_panels(rows_by_note, panels)
+    body = {"k": min(cfg.readside_k, L * H), "panels": panels, "phases": summary,
+            "heads_from": str(hd_dir / "head_sets_contrast.json"), "provenance": provenance(params, cfg.seed)}
+    write_json(m6_dir / "readside.json", body)
+    return body
+
+
+# ---- the chain ----------------------------------------------------------------------------------------
+
+
+def load_student(spec: str, params: dict, student_key: str | None = None):
+    from mistill.models.loading import load_model
+
+    models = params.get("models") or {}
+    device = models.get("device", "auto")
+    if device in (None, "auto"):
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+    rope = (models.get("rope_scaling") or {}).get(student_key) if student_key else None
+    attn = ((params.get("instrument") or {}).get("attribution") or {}).get("attn_implementation", "sdpa")
+    model, tokenizer = load_model(spec, dtype=models.get("dtype"), rope_scaling=rope, attn_implementation=attn,
+                                  device=device)
+    model.requires_grad_(False)
+    return model, tokenizer
+
+
+def run_chain(model_spec: str, arm: str, seed: int, params: dict, *, stages: Sequence[str] = STAGES,
+              student_key: str | None = None, limit: int | None = None, force: bool = False,
+              model=None, tokenizer=None, teacher_tokenizer=None) -> dict:
+    """Stages (a) (b) (c) for one arm and seed; returns {stage: wall seconds} (also in timing.json)."""
+    unknown = [s for s in stages if s not in STAGES]
+    if unknown:
+        raise UserError(f"unknown own-heads stage(s) {', '.join(unknown)}; known: {', '.join(STAGES)}")
+    cfg = OwnHeadsConfig.from_params(params)
+    inst = InstrumentConfig.from_params(params)
+    hd_dir, m6_dir = arm_dirs(cfg.artifacts, arm, seed)
+    if model is None:
+        model, tokenizer = load_student(model_spec, params, student_key)
+    if teacher_tokenizer is None:
+        from mistill.models.loading import load_tokenizer
+
+        teacher_tokenizer = load_tokenizer(str((params.get("models") or {})["teacher"]))
+    timing: dict[str, float] = {}
+    for stage in STAGES:
+        if stage not in stages:
+            continue
+        start = time.perf_counter()
+        if stage == "attribute":
+            attribution_stage(model, tokenizer, teacher_tokenizer, cfg, inst, hd_dir, params, limit=limit,
+                              force=force)
+        elif stage == "knockin":
+            knockin_stage(model, tokenizer, teacher_tokenizer, cfg, hd_dir, m6_dir, params, limit=limit, force=force)
+        else:
+            readside_stage(model, tokenizer, teacher_tokenizer, cfg, hd_dir, m6_dir, params, limit=limit, force=force)
+        timing[stage] = time.perf_counter() - start
+    previous = json.loads((m6_dir / "timing.json").read_text()).get("seconds", {}) \
+        if (m6_dir / "timing.json").exists() else {}
+    write_json(m6_dir / "timing.json", {"seconds": {**previous, **timing}, "model": str(model_spec), "arm": arm,
+                                        "seed": seed, "threads": torch.get_num_threads(),
+                                        "provenance": provenance(params, seed)})
+    return timing

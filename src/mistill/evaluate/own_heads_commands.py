@@ -1,0 +1,78 @@
+"""`mistill evaluate own-heads | compare` (App. K M4/M2/M3, App. L; R-D6).
+
+Hooked into `mistill evaluate` by `mistill.evaluate.commands.register`:
+
+    from mistill.evaluate import own_heads_commands
+    own_heads_commands.register(subparsers)
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from mistill.errors import UserError
+
+
+def _params():
+    from mistill.params import load_params
+
+    return load_params()
+
+
+def cmd_own_heads(args) -> int:
+    import torch
+
+    from mistill.evaluate.own_heads import STAGES, run_chain
+
+    torch.set_num_threads(int(args.threads))
+    params = _params()
+    stages = [s.strip() for s in args.stages.split(",") if s.strip()] if args.stages else list(STAGES)
+    timing = run_chain(args.model, args.arm, int(args.seed), params, stages=stages, student_key=args.student,
+                       limit=args.limit, force=args.force)
+    print("own-heads " + f"{args.arm}-s{args.seed}: " + " ".join(f"{k}={v:.1f}s" for k, v in timing.items()))
+    return 0
+
+
+def cmd_compare(args) -> int:
+    from mistill.evaluate.compare import PHASES, compare_arms
+    from mistill.evaluate.own_heads import OwnHeadsConfig
+    from mistill.io import provenance, write_json
+    from mistill.stats import StatsParams
+
+    params = _params()
+    cfg = OwnHeadsConfig.from_params(params)
+    stats = StatsParams.from_params(params)
+    k = int(args.k) if args.k is not None else max(cfg.bins)
+    if k not in cfg.bins:
+        raise UserError(f"--k {k}: the chain knocked in k in {list(cfg.bins)} (params evaluate.own_heads.bins)")
+    result = compare_arms(cfg.artifacts, args.arm, args.reference, k=k, stats=stats, min_range=cfg.min_range)
+    out = Path(args.out) if args.out else Path(cfg.artifacts) / "M6-compare" / f"{args.arm}__vs__{args.reference}.json"
+    write_json(out, {**result, "provenance": provenance({"evaluate": params.get("evaluate"),
+                                                         "stats": params.get("stats")})})
+    for phase in PHASES:
+        c = result["m4"][phase]["comparison"]
+        if c:
+            print(f"M4 {phase} k={k}: {c['mean_difference']:+.3f} [{c['ci_low']:+.3f}, {c['ci_high']:+.3f}] "
+                  f"higher {c['notes_higher']}/{c['n_notes']} sign p={c['sign_p']:.3g} wilcoxon p={c['wilcoxon_p']:.3g}")
+    print(f"-> {out}")
+    return 0
+
+
+def register(subparsers) -> None:
+    p = subparsers.add_parser("own-heads", help="one arm's own heads: attribution, knock-in (M4), read side (M2, M3)")
+    p.add_argument("--model", required=True, help="the arm's checkpoint (e.g. artifacts/DT-001/<run>/model)")
+    p.add_argument("--arm", required=True, help="arm label naming HD-S-<arm>-s<seed>/ and M6-<arm>-s<seed>/")
+    p.add_argument("--seed", type=int, default=0, help="the arm's training seed (names the outputs)")
+    p.add_argument("--student", help="params models key (student_qwen, student_smol) for its rope scaling")
+    p.add_argument("--stages", help="comma list of attribute,knockin,readside (default: all, in order)")
+    p.add_argument("--limit", type=int, help="only the first N notes of each trace set (smoke runs)")
+    p.add_argument("--force", action="store_true", help="recompute per-note artifacts that are already valid")
+    p.add_argument("--threads", default=2)
+    p.set_defaults(func=cmd_own_heads)
+
+    p = subparsers.add_parser("compare", help="two arms' own-heads readouts, seed-matched and note-clustered")
+    p.add_argument("--arm", required=True, help="arm label, e.g. student-qwen-mistill-bf16")
+    p.add_argument("--reference", required=True, help="reference arm label, e.g. student-qwen-vanilla-fp32")
+    p.add_argument("--k", type=int, help="knock-in set size (default: the largest of evaluate.own_heads.bins)")
+    p.add_argument("--out", help="default: <artifacts>/M6-compare/<arm>__vs__<reference>.json")
+    p.set_defaults(func=cmd_compare)
