@@ -32,7 +32,7 @@ def main() -> int:
                     key = SET_PREFIX[kind].format(m=m, k=k, p=p)
                     v[key] = value(stats["median"], f"median over {stats['n_notes']} notes of per-note means", fa)
                     if kind == "random" and measure == "knockin":
-                        random_medians.append(stats["median"])
+                        random_medians.append((int(k), stats["median"]))
                     if kind == "top" and k == "8" and phase == "P1":
                         v[f"{m}_top8_p1_p10_p90"] = value([stats["p10"], stats["p90"]],
                                                           "10th-90th percentile over notes", fa)
@@ -47,8 +47,15 @@ def main() -> int:
                         f"p={vs['random']['p_value']:.3g})", fa)
                     if k == "40" and measure == "knockin":  # the paper's operating point
                         v[f"notes_knockin_above_random_{p}"] = v[f"notes_knockin_above_random_{p}_k{k}"]
-    if random_medians:
-        v["knockin_random_max"] = value(max(random_medians), "max over bins and phases of random-set medians", fa)
+    # Sec. 3.1 "random sets recover at most 0.09": the paper's bins are all <= 6% of its heads; a
+    # random set of most heads recovers most of the margin, so only bins of <= 10% of the heads count
+    # (the smallest bin where the model has too few heads for any).
+    n_heads = f.get("n_heads_total")
+    if random_medians and n_heads:
+        small = [m for k, m in random_medians if k <= 0.1 * n_heads] or \
+                [m for k, m in random_medians if k == min(k for k, _ in random_medians)]
+        v["knockin_random_max"] = value(max(small), "max over phases and bins of <= 10% of the heads (else the "
+                                        "smallest bin) of random-set medians", fa)
     emit("R-C3", v, reader="readers/r_c3.py", inputs=[fa, *sorted(out.glob("*/patch2.jsonl"))], params=params,
          strict=args.strict)
     return 0

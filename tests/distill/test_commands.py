@@ -65,6 +65,9 @@ def test_targets_train_and_evaluate(project, capsys):
     assert main(["distill", "targets"]) == 0
     manifest = json.loads((project / "targets" / "manifest.json").read_text())
     assert manifest["notes"] == ["a", "b"] and len(manifest["teacher_hash"]) == 64
+    assert main(["distill", "coverage", "--students", "student_qwen", "--out", "coverage.json"]) == 0
+    cov = json.loads((project / "coverage.json").read_text())["coverage"]["student_qwen"]
+    assert cov["P1"]["share"] == 1.0 and cov["P2"]["realized"] == 12 and cov["notes"] == 2
     for arm in ("vanilla", "mistill"):
         assert main(["distill", "train", "--arm", arm]) == 0
     runs = sorted(p.name for p in (project / "runs").glob("DT-00*/*"))
@@ -75,7 +78,7 @@ def test_targets_train_and_evaluate(project, capsys):
     assert (run / "model" / "config.json").exists()
     assert main(["evaluate", "task", "--generations", "traces.jsonl", "--out", "task.json"]) == 0
     assert json.loads((project / "task.json").read_text())["metrics"]["micro_f1"] == 1.0
-    assert main(["evaluate", "m1", "--model", str(run / "model"), "--out", "m1.json"]) == 0
+    assert main(["evaluate", "m1", "--model", str(run / "model"), "--threads", "1", "--out", "m1.json"]) == 0
     m1 = json.loads((project / "m1.json").read_text())["m1"]
     assert m1["P1"]["events"] == 4 and 0.0 <= m1["P2C"]["p_margin_positive"] <= 1.0
 

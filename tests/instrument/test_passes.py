@@ -7,6 +7,7 @@ import json
 import numpy as np
 
 from mistill.instrument.passes import artifact_state, run_attribution, run_events
+from mistill.io import write_jsonl
 
 
 def test_bad_notes_are_skipped_with_a_reason(world):
@@ -92,3 +93,23 @@ def test_changed_parameters_make_artifacts_stale(world, qwen_model, tokenizer, c
     err = capsys.readouterr().err
     assert "note0/events.jsonl is stale" in err and "1 computed" in err
     run_events(cfg, params, model=qwen_model, tokenizer=tokenizer, limit=1)  # back as it was
+
+
+def test_a_changed_trace_makes_its_artifacts_stale(tmp_path, qwen_model, tokenizer, capsys):
+    from conftest import _write_world
+
+    cfg = _write_world(tmp_path)
+    params = {"profile": "test"}
+    kw = dict(model=qwen_model, tokenizer=tokenizer)
+    run_events(cfg, params, **kw)
+    run_attribution(cfg, params, **kw)
+    rows = [json.loads(line) for line in open(cfg.traces)]
+    rows[1]["completion"] = rows[1]["completion"].replace("E11.65", "E11.9")
+    write_jsonl(cfg.traces, rows)
+    capsys.readouterr()
+    run_events(cfg, params, **kw)
+    run_attribution(cfg, params, **kw)
+    err = capsys.readouterr().err
+    assert "note1/events.jsonl is stale (its inputs changed)" in err
+    assert "note1/attr.npz is stale (its inputs changed)" in err
+    assert "note0/attr.npz" not in err  # notes before the change keep their artifacts

@@ -83,7 +83,7 @@ def test_all_heads_knock_in_returns_the_clean_margin_at_every_event(chain):
 
 def test_knock_in_margins_equal_a_brute_force_forward(chain):
     """Own top-k knocked into the donor's context: the batched cached path against a full forward."""
-    root, params, students, _ = chain
+    root, _, students, _ = chain
     model, tok = students["smol"]
     hook = HeadHook(model)
     try:

@@ -163,3 +163,4 @@ def test_prompt_without_the_frozen_header_is_a_user_error():
         LIST_HEADER + "\n\nA00.1 x\nB01.2 y z\n\nDischarge summary:\n\nnote\n\nDo it.")
     assert lines == [("A00.1", start, start + 7), ("B01.2", start + 8, start + 17)]
     assert lines_end == start + 17 and note_start == start + 19
+    assert instruction_start == start + 17 + len("\n\nDischarge summary:\n\nnote\n\n")

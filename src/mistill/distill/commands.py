@@ -106,7 +106,7 @@ def cmd_train(args) -> int:
                             warmup_frac=float(tc["warmup_frac"]), clip=float(tc["clip"]), precision=precision,
                             seed=seed, gradient_checkpointing=bool(tc["gradient_checkpointing"]),
                             offload_checkpoints=bool(tc.get("offload_checkpoints", False)),
-                            mlp_chunk=int(tc.get("mlp_chunk", 0)))
+                            mlp_chunk=int(tc.get("mlp_chunk", 0)), save_every=int(tc.get("save_every", 1)))
     campaign = "DT-001" if args.arm == "mistill" else "DT-000"
     out = Path(args.out) if args.out else Path(cfg["runs_dir"]) / campaign / \
         f"{Path(str(student_spec)).name}-{args.arm}-{precision}-s{seed}"
@@ -120,6 +120,41 @@ def cmd_train(args) -> int:
     return 0
 
 
+def cmd_coverage(args) -> int:
+    import json
+
+    from mistill.distill import buckets as bk
+    from mistill.distill.alignment import coverage
+    from mistill.distill.mechanism import note_view
+    from mistill.distill.targets import read_note_targets
+    from mistill.io import provenance, write_json
+    from mistill.models.loading import load_tokenizer
+
+    params = _params()
+    cfg = params["distill"]
+    targets_dir = Path(args.targets or cfg["targets_dir"])
+    manifest_path = targets_dir / "manifest.json"
+    if not manifest_path.exists():
+        raise UserError(f"{manifest_path}: no targets manifest (run `mistill distill targets` first)")
+    manifest = json.loads(manifest_path.read_text())
+    report = {}
+    for key in args.students.split(","):
+        tok = load_tokenizer(params["models"].get(key, key))
+        teacher_kinds, realized = {}, {}
+        for note_id in manifest["notes"]:
+            meta, _ = read_note_targets(targets_dir / f"{note_id}.npz")
+            view = note_view(tok, bk.build_axis(meta["prompt"], meta["completion"]), meta["events"],
+                             meta["competitors"])
+            teacher_kinds[note_id] = [e["kind"] for e in meta["events"]]
+            realized[note_id] = view.realized
+        report[key] = coverage(teacher_kinds, realized)
+    write_json(args.out, {"coverage": report, "targets": str(targets_dir), "teacher_id": manifest["teacher_id"],
+                          "provenance": provenance({"distill": cfg})})
+    for key, rep in report.items():
+        print(key, " ".join(f"{k}={rep[k]['share']:.3f}" for k in ("P1", "P2", "P2C")))
+    return 0
+
+
 def register(subparsers) -> None:
     p = subparsers.add_parser("targets", help="teacher targets, once per training note (App. I.5)")
     p.add_argument("--teacher", help="teacher model spec (default: params models.teacher)")
@@ -129,6 +164,12 @@ def register(subparsers) -> None:
     p.add_argument("--head-sets", help="teacher head_sets_contrast.json (default: params distill.teacher_head_sets)")
     p.add_argument("--out", help="targets directory (default: params distill.targets_dir)")
     p.set_defaults(func=cmd_targets)
+
+    p = subparsers.add_parser("coverage", help="teacher events each student tokenizer realises (Table 38, R-D19)")
+    p.add_argument("--students", default="student_qwen,student_smol", help="comma list of params models keys or specs")
+    p.add_argument("--targets", help="targets directory (default: params distill.targets_dir)")
+    p.add_argument("--out", required=True, help="output json")
+    p.set_defaults(func=cmd_coverage)
 
     p = subparsers.add_parser("train", help="train one arm: Vanilla CoT-KD or Mistill (App. J.2)")
     p.add_argument("--arm", choices=("vanilla", "mistill"), required=True)

@@ -103,7 +103,7 @@ def faithfulness_note(model, hook: HeadHook, *, note_id: str, clean_ids: Sequenc
     rows: list[dict] = []
     recorded: dict[int, torch.Tensor] = {}
 
-    clean = prefill(model, hook, clean_ids)
+    clean = prefill(model, hook, clean_ids, reserve=max_batch)
     for i in sorted(range(len(events)), key=lambda i: -events[i].pos):
         ev, q = events[i], events[i].pos - 1
         keys = list(masks[ev.kind])
@@ -134,7 +134,7 @@ def faithfulness_note(model, hook: HeadHook, *, note_id: str, clean_ids: Sequenc
     order = sorted(range(len(events)), key=lambda i: -events[i].pos)
     row_of = {i: rows[n] for n, i in enumerate(order)}
     matches = match_donor_events(events, donor_events, donor_match)
-    donor = prefill(model, hook, donor_ids)
+    donor = prefill(model, hook, donor_ids, reserve=max_batch)
     for i in sorted((i for i in range(len(events)) if matches[i] is not None),
                     key=lambda i: -donor_events[matches[i]].pos):  # the donor cache only crops
         ev, dev = events[i], donor_events[matches[i]]

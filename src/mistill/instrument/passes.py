@@ -93,8 +93,23 @@ def config_sha256(cfg: InstrumentConfig) -> str:
     return hashlib.sha256(json.dumps(body, sort_keys=True, default=str).encode()).hexdigest()
 
 
-def artifact_state(path: Path, loader: Callable[[Path], Any] | None = None, config: str | None = None) -> str:
-    """'missing', 'valid' or a reason it is corrupt (or stale: computed under other parameters)."""
+def inputs_sha256(*parts: str | Path) -> str:
+    """One digest of a note's inputs: strings as given, paths by their content (missing: by name)."""
+    import hashlib
+
+    digest = hashlib.sha256()
+    for part in parts:
+        if isinstance(part, Path):
+            digest.update(file_sha256(part).encode() if part.exists() else f"missing:{part.name}".encode())
+        else:
+            digest.update(part.encode())
+        digest.update(b"\0")
+    return digest.hexdigest()
+
+
+def artifact_state(path: Path, loader: Callable[[Path], Any] | None = None, config: str | None = None,
+                   inputs: str | None = None) -> str:
+    """'missing', 'valid' or a reason it is corrupt (or stale: computed from other parameters or inputs)."""
     meta_path = _meta_path(path)
     if not path.exists() and not meta_path.exists():
         return "missing"
@@ -110,6 +125,8 @@ def artifact_state(path: Path, loader: Callable[[Path], Any] | None = None, conf
         return "checksum mismatch"
     if config is not None and meta.get("config_sha256") != config:
         return "stale (computed under other instrument parameters)"
+    if inputs is not None and meta.get("inputs_sha256") != inputs:
+        return "stale (its inputs changed)"
     if loader is not None:
         try:
             loader(path)
@@ -148,8 +165,8 @@ class NotePass:
     def path(self, note_id: str) -> Path:
         return self.out_dir / note_id / self.artifact
 
-    def needs(self, note_id: str) -> bool:
-        state = artifact_state(self.path(note_id), self.loader, self.config)
+    def needs(self, note_id: str, inputs: str | None = None) -> bool:
+        state = artifact_state(self.path(note_id), self.loader, self.config, inputs)
         if state == "valid" and not self.force:
             self.done += 1
             return False
@@ -161,6 +178,8 @@ class NotePass:
 
     def skip(self, note_id: str, reason: str) -> None:
         self.skipped[note_id] = reason
+        for stale in (self.path(note_id), _meta_path(self.path(note_id))):  # nothing from an earlier input
+            stale.unlink(missing_ok=True)
         _say(f"mistill instrument {self.name}: note {note_id} skipped: {reason}")
 
     def finish(self, params: dict) -> None:
@@ -273,7 +292,8 @@ def run_events(cfg: InstrumentConfig, params: dict, *, model=None, tokenizer=Non
     for trace in tqdm(traces, desc="events", unit="note"):
         path = note_pass.path(trace.note_id)
         report_path = out / trace.note_id / "events_report.json"
-        if not note_pass.needs(trace.note_id):
+        trace_digest = inputs_sha256(trace.prompt, trace.completion)
+        if not note_pass.needs(trace.note_id, trace_digest):
             if report_path.exists():
                 reports[trace.note_id] = json.loads(report_path.read_text())
             continue
@@ -299,6 +319,7 @@ def run_events(cfg: InstrumentConfig, params: dict, *, model=None, tokenizer=Non
         write_json(report_path, asdict(report))
         commit_artifact(path, lambda p, events=events: write_jsonl(p, [e.to_json() for e in events]),
                         {"n_events": len(events), "n_tokens": len(ids), "config_sha256": config_sha256(cfg),
+                         "inputs_sha256": trace_digest,
                          "provenance": provenance(params, cfg.seed)})
         note_pass.computed += 1
     note_pass.finish(params)
@@ -354,15 +375,19 @@ def run_attribution(cfg: InstrumentConfig, params: dict, *, model=None, tokenize
         model, tokenizer = load_teacher(cfg)
     hook = HeadHook(model)
     running = RunningGlobalTop(hook.n_layers, hook.n_heads)
-    note_pass = NotePass("attribute", Path(cfg.out_dir), "attr.npz", load_attr, force, config_sha256(cfg))
+    out = Path(cfg.out_dir)
+    note_pass = NotePass("attribute", out, "attr.npz", load_attr, force, config_sha256(cfg))
     try:
         # App. C: the running global top-16 depends on note order: the corpus order, logged in the meta.
         for n, (trace, events) in enumerate(tqdm(notes, desc="attribute", unit="note")):
             path = note_pass.path(trace.note_id)
-            if note_pass.needs(trace.note_id):
+            global_top = running.top(cfg.nominees_global_topk)
+            # the running global top makes a note's nominees depend on the notes before it
+            digest = inputs_sha256(trace.prompt, trace.completion, out / trace.note_id / "events.jsonl",
+                                   json.dumps(global_top))
+            if note_pass.needs(trace.note_id, digest):
                 _, ids, _, _ = model_input(tokenizer, trace)
-                global_top = running.top(cfg.nominees_global_topk)
-                pre = prefill(model, hook, ids)
+                pre = prefill(model, hook, ids, reserve=cfg.max_batch)
                 result = attribute_note(model, hook, pre.cache, pre.mu, ids, events, note_id=trace.note_id,
                                         mode=cfg.hook, nominees_topk=cfg.nominees_topk, global_top=global_top,
                                         null_exact_share=cfg.null_exact_share, seed=cfg.seed,
@@ -370,7 +395,8 @@ def run_attribution(cfg: InstrumentConfig, params: dict, *, model=None, tokenize
                 del pre
                 commit_artifact(path, lambda p, result=result: write_npz(p, **result.arrays()),
                                 {"note_index": n, "hook": cfg.hook, "global_top": global_top,
-                                 "config_sha256": config_sha256(cfg), "provenance": provenance(params, cfg.seed)})
+                                 "config_sha256": config_sha256(cfg), "inputs_sha256": digest,
+                                 "provenance": provenance(params, cfg.seed)})
                 note_pass.computed += 1
             arrays = load_attr(path)
             running.update(arrays["first_order"][arrays["kinds"] == "P1"])
@@ -447,8 +473,12 @@ def run_knockin(cfg: InstrumentConfig, params: dict, *, model=None, tokenizer=No
     try:
         for n, (trace, events) in enumerate(tqdm(notes, desc="knockin", unit="note")):
             path = note_pass.path(trace.note_id)
-            if note_pass.needs(trace.note_id):
-                donor_trace, donor_events = notes[(n + 1) % len(notes)]  # Sec. 2.3: the next note; wrap
+            donor_trace, donor_events = notes[(n + 1) % len(notes)]  # Sec. 2.3: the next note; wrap
+            digest = inputs_sha256(trace.prompt, trace.completion, donor_trace.prompt, donor_trace.completion,
+                                   out / trace.note_id / "events.jsonl", out / donor_trace.note_id / "events.jsonl",
+                                   out / trace.note_id / "attr.npz", out / "head_sets_contrast.json",
+                                   out / "calibration.npz")
+            if note_pass.needs(trace.note_id, digest):
                 if donor_trace.note_id == trace.note_id:
                     note_pass.skip(trace.note_id, "no other note to serve as the corrupted run")
                     continue
@@ -464,6 +494,7 @@ def run_knockin(cfg: InstrumentConfig, params: dict, *, model=None, tokenizer=No
                     p2c_first_order=first_p2c, p2c_nominees_topk=cfg.nominees_topk, p2c_global_top=p2c_global_top)
                 commit_artifact(path, lambda p, rows=rows: write_jsonl(p, rows),
                                 {"donor": donor_trace.note_id, "bins": bins, "config_sha256": config_sha256(cfg),
+                                 "inputs_sha256": digest,
                                  "provenance": provenance(params, cfg.seed)})
                 note_pass.computed += 1
             rows_by_note[trace.note_id] = read_jsonl(path)
@@ -511,7 +542,7 @@ def run_selftest(cfg: InstrumentConfig, params: dict, *, model=None, tokenizer=N
     hook = HeadHook(model)
     try:
         _, ids, _, _ = model_input(tokenizer, trace)
-        pre = prefill(model, hook, ids)
+        pre = prefill(model, hook, ids, reserve=cfg.max_batch)
         bar = tqdm(total=len(p1), desc="selftest", unit="event")
         result = self_test_note(model, hook, pre.cache, pre.mu, ids, p1, repeats=cfg.selftest_repeats,
                                 max_batch=cfg.max_batch, progress=bar.update)

@@ -115,7 +115,10 @@ def _device(model) -> torch.device:
 @torch.no_grad()
 def prefill(model, hook: HeadHook, input_ids: Sequence[int], *, reserve: int = 256,
             logit_positions: Sequence[int] | None = None) -> Prefill:
-    """One forward over the whole input: builds the cache and accumulates mu_h (App. C)."""
+    """One forward over the whole input: builds the cache and accumulates mu_h (App. C).
+
+    `reserve`: cache slots beyond the input, at least the most variants run in one batch.
+    """
     ids = torch.as_tensor(list(input_ids), device=_device(model))[None]
     cache = PatchCache(hook.n_layers, ids.shape[1] + reserve)
     keep = torch.as_tensor(list(logit_positions), device=ids.device) if logit_positions else 1
@@ -259,10 +262,3 @@ def one_head_per_variant(n_layers: int, n_heads: int, heads: Sequence[tuple[int,
     for b, (layer, head) in enumerate(heads):
         mask[layer, b + offset, head] = True
     return mask
-
-
-def sets_per_variant(n_layers: int, n_heads: int, sets: Sequence[torch.Tensor]) -> torch.Tensor:
-    """Mask [L, B, H] from one [L, H] boolean set per variant."""
-    if not sets:
-        return torch.zeros(n_layers, 0, n_heads, dtype=torch.bool)
-    return torch.stack([s.to(torch.bool) for s in sets], dim=1)

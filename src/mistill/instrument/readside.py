@@ -93,7 +93,7 @@ class QueryKeyCapture:
 
     def __init__(self, model, layers: Sequence[int], rows: Sequence[int]):
         self.model = model
-        self.layers = set(int(x) for x in layers)
+        self.layers = {int(x) for x in layers}
         self.rows = [int(r) for r in rows]
         self.queries: dict[int, torch.Tensor] = {}
         self.keys: dict[int, torch.Tensor] = {}
@@ -178,7 +178,7 @@ def note_layout(text: str, offsets: Sequence[tuple[int, int]], prompt: str, comp
     prompt_at = text.rfind(prompt, 0, completion_at)
     if prompt_at < 0:
         raise UserError("read side: the prompt is not inside the model input")
-    lines, lines_end, note_start, instruction_start = parse_prompt(prompt)
+    lines, lines_end, _, instruction_start = parse_prompt(prompt)
     completion = text[completion_at:]
     mentions = [(m.group(0), m.start(), m.end()) for m in _CODE.finditer(completion)]
     starts = np.array([s for _, s, _ in lines])
@@ -248,9 +248,7 @@ def event_categories(layout: NoteLayout, *, code: str, near_miss: str | None, an
             k = layout.mention[j]
             if mention_start <= c < anchor:
                 cats[j] = CAT["trace_prefix"]
-            elif k < 0:
-                cats[j] = CAT["trace_prose"]
-            elif layout.mentions[k][1] >= mention_start:  # the current mention, past the anchor
+            elif k < 0 or layout.mentions[k][1] >= mention_start:  # prose, or the current mention's rest
                 cats[j] = CAT["trace_prose"]
             elif layout.mentions[k][0] == code:
                 cats[j] = CAT["trace_S"]
