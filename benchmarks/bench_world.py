@@ -35,7 +35,7 @@ ROOT = Path(__file__).resolve().parents[1]
 def run_stage(name: str, argv: list[str], cwd: Path, env: dict[str, str]) -> tuple[float, str]:
     start = time.perf_counter()
     proc = subprocess.run([sys.executable, "-m", "mistill.cli", *argv], cwd=cwd, env=env,
-                          capture_output=True, text=True)
+                          capture_output=True, text=True, check=False)
     seconds = time.perf_counter() - start
     if proc.returncode != 0:
         raise SystemExit(f"{name} failed ({proc.returncode}):\n{proc.stderr[-3000:]}")
@@ -85,7 +85,7 @@ def main() -> int:
         train_argv = ["models", "train-teacher", "--device", "cpu", "--out", str(teacher_out)]
         if not args.full_teacher:
             train_argv += ["--max-steps", str(args.teacher_steps)]
-        seconds, stdout = run_stage("models train-teacher", train_argv, workdir, env)
+        seconds, _stdout = run_stage("models train-teacher", train_argv, workdir, env)
         stages["models train-teacher"] = seconds
         log = json.loads((teacher_out / "training_log.json").read_text())
         steps = log["steps"]

@@ -12,8 +12,8 @@ from mistill.world.answers import parse_answer
 from mistill.world.inventory import Inventory
 from mistill.world.types import Code
 
-ARCH = dict(family="qwen3", hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
-            num_key_value_heads=2, head_dim=8)
+ARCH = {"family": "qwen3", "hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4,
+            "num_key_value_heads": 2, "head_dim": 8}
 
 
 @pytest.fixture(scope="module")

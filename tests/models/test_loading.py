@@ -10,12 +10,18 @@ import torch
 from mistill.errors import UserError
 from mistill.models.architectures import TinyArchitecture, build_model
 from mistill.models.loading import apply_rope_scaling, is_local_spec, load_model
-from mistill.models.tokenizers import CompactTokenizer, build_remap, qwen3_files, qwen3_tokenizer, smollm3_tokenizer
+from mistill.models.tokenizers import (
+    CompactTokenizer,
+    build_remap,
+    qwen3_files,
+    qwen3_tokenizer,
+    smollm3_tokenizer,
+)
 
-QWEN = dict(family="qwen3", hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
-            num_key_value_heads=2, head_dim=8)
-SMOL = dict(family="smollm3", hidden_size=32, intermediate_size=64, num_hidden_layers=8, num_attention_heads=4,
-            num_key_value_heads=2, head_dim=8, no_rope_layer_interval=4)
+QWEN = {"family": "qwen3", "hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4,
+            "num_key_value_heads": 2, "head_dim": 8}
+SMOL = {"family": "smollm3", "hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 8, "num_attention_heads": 4,
+            "num_key_value_heads": 2, "head_dim": 8, "no_rope_layer_interval": 4}
 
 
 def save_tiny(tmp_path, arch_params, base):
@@ -29,7 +35,7 @@ def save_tiny(tmp_path, arch_params, base):
 
 
 def test_qwen3_tiny_round_trip(tmp_path):
-    model, tokenizer = save_tiny(tmp_path, QWEN, qwen3_tokenizer())
+    model, _tokenizer = save_tiny(tmp_path, QWEN, qwen3_tokenizer())
     loaded, loaded_tok = load_model(str(tmp_path))
     assert type(loaded).__name__ == "Qwen3ForCausalLM"
     assert loaded.config.num_key_value_heads == 2 and loaded.config.head_dim == 8  # GQA

@@ -8,7 +8,12 @@ import pytest
 
 from mistill.errors import UserError
 from mistill.models.tokenizers import (
-    SMOLLM3_SPECIAL_TOKENS, UNK_ID, CompactTokenizer, build_remap, qwen3_tokenizer, smollm3_tokenizer,
+    SMOLLM3_SPECIAL_TOKENS,
+    UNK_ID,
+    CompactTokenizer,
+    build_remap,
+    qwen3_tokenizer,
+    smollm3_tokenizer,
 )
 
 

@@ -11,14 +11,21 @@ import torch
 from mistill.models.architectures import TinyArchitecture, build_model
 from mistill.models.tokenizers import CompactTokenizer, build_remap, qwen3_tokenizer
 from mistill.models.train_teacher import (
-    IGNORE, TeacherExample, batch_loss, common_prefix_length, lr_at, make_batches, make_example, sampled_shortlist,
+    IGNORE,
+    TeacherExample,
+    batch_loss,
+    common_prefix_length,
+    lr_at,
+    make_batches,
+    make_example,
+    sampled_shortlist,
     train,
 )
 from mistill.world.inventory import Inventory
 from mistill.world.types import Code, Note
 
-ARCH = dict(family="qwen3", hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
-            num_key_value_heads=2, head_dim=8)
+ARCH = {"family": "qwen3", "hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4,
+            "num_key_value_heads": 2, "head_dim": 8}
 INVENTORY_LINES = "\n".join(f"N18.{i} chronic kidney disease stage {i}" for i in range(1, 7))
 COMPLETIONS = ["<think>\nthe findings point to chapter N.\nN18.4 rejected.\nN18.3 accepted.\n</think>\n\n[\"N18.3\"]",
                "<think>\nN18.5 accepted.\n</think>\n\n[\"N18.5\"]",

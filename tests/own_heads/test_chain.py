@@ -166,6 +166,30 @@ def test_second_run_recomputes_nothing(chain):
     assert {p: p.stat().st_mtime_ns for p in m6.glob("*/*.jsonl")} == before
 
 
+def test_changed_weights_or_head_sets_are_recomputed(chain):
+    root, params, students, _ = chain
+    model, tok = students["smol"]
+    m6, hd = root / "M6-smol-s0", root / "HD-S-smol-s0"
+    before = {p: p.stat().st_mtime_ns for p in m6.glob("*/patch2.jsonl")}
+    sets = json.loads((hd / "head_sets_contrast.json").read_text())
+    sets["phases"]["P2C"] = sets["phases"]["P2C"][::-1]  # another ranking
+    (hd / "head_sets_contrast.json").write_text(json.dumps(sets))
+    run_chain("unused", "smol", 0, params, stages=("knockin",), model=model, tokenizer=tok,
+              teacher_tokenizer=students["qwen"][1])
+    after = {p: p.stat().st_mtime_ns for p in m6.glob("*/patch2.jsonl")}
+    assert set(after) == set(before) and all(after[p] != before[p] for p in before)
+    rs_before = {p: p.stat().st_mtime_ns for p in m6.glob("*/readside.jsonl")}
+    with torch.no_grad():
+        model.model.layers[0].self_attn.q_proj.weight.mul_(1.01)
+    try:
+        run_chain("unused", "smol", 0, params, stages=("readside",), model=model, tokenizer=tok,
+                  teacher_tokenizer=students["qwen"][1])
+    finally:
+        with torch.no_grad():
+            model.model.layers[0].self_attn.q_proj.weight.div_(1.01)
+    assert all(p.stat().st_mtime_ns != t for p, t in rs_before.items())
+
+
 def test_readside_panels_are_the_own_top_k_and_a_seeded_random_draw():
     scores = {"P2C": np.array([0.1, 0.9, -0.2, 0.5, 0.3, 0.0])}
     panels = readside_panels(scores, 3, 2, 3, seed=0, phases=("P1", "P2C"))

@@ -49,7 +49,7 @@ from mistill.instrument.passes import (
     load_traces,
     model_input,
 )
-from mistill.io import provenance, read_jsonl, write_json, write_jsonl
+from mistill.io import file_sha256, provenance, read_jsonl, write_json, write_jsonl
 
 STAGES = ("attribute", "knockin", "readside")
 
@@ -98,6 +98,17 @@ class OwnHeadsConfig:
 
     def digest(self) -> str:
         return hashlib.sha256(json.dumps(dataclasses.asdict(self), sort_keys=True).encode()).hexdigest()
+
+
+def _digest(*parts: str) -> str:
+    return hashlib.sha256("\0".join(parts).encode()).hexdigest()
+
+
+def weights_fingerprint(model) -> str:
+    """sha256 over the model's parameters: names a checkpoint by its weights."""
+    from mistill.distill.targets import teacher_fingerprint
+
+    return teacher_fingerprint(model)
 
 
 def arm_dirs(artifacts: str | Path, arm: str, seed: int) -> tuple[Path, Path]:
@@ -154,8 +165,14 @@ def write_realized_events(traces: Sequence[Trace], events_dir: Path, out_dir: Pa
     out: dict[str, list[Event]] = {}
     for trace in tqdm(traces, desc="realize events", unit="note"):
         path = note_pass.path(trace.note_id)
+        source = Path(events_dir) / trace.note_id / "events.jsonl"
+        # per note: realised from these teacher events, by this tokenizer (else recomputed)
+        key = _digest(file_sha256(source) if source.exists() else "", str(tokenizer.name), trace.prompt,
+                      trace.completion)
+        meta = path.with_name(path.name + ".meta.json")
+        if meta.exists() and json.loads(meta.read_text()).get("source_sha256") != key:
+            meta.unlink()
         if note_pass.needs(trace.note_id):
-            source = Path(events_dir) / trace.note_id / "events.jsonl"
             if not source.exists():
                 note_pass.skip(trace.note_id, f"no teacher events at {source}")
                 continue
@@ -166,7 +183,7 @@ def write_realized_events(traces: Sequence[Trace], events_dir: Path, out_dir: Pa
                 continue
             counts = {k: sum(e["kind"] == k for e in teacher_events) for k in ("P1", "P2", "P2C", "NULL")}
             commit_artifact(path, lambda p, events=events: write_jsonl(p, [e.to_json() for e in events]),
-                            {"teacher_events": str(source), "teacher_counts": counts,
+                            {"teacher_events": str(source), "source_sha256": key, "teacher_counts": counts,
                              "realized_counts": {k: sum(e.kind == k for e in events) for k in counts},
                              "provenance": provenance(params, seed)})
             note_pass.computed += 1
@@ -186,7 +203,9 @@ def attribution_stage(model, tokenizer, teacher_tokenizer, cfg: OwnHeadsConfig, 
     traces = load_traces(cfg.validation_traces)[:limit]
     write_realized_events(traces, Path(cfg.validation_events_dir), hd_dir, teacher_tokenizer, tokenizer, params,
                           seed=cfg.seed, force=force)
-    student_cfg = dataclasses.replace(inst, traces=cfg.validation_traces, out_dir=str(hd_dir))
+    # the pass's config hash names the checkpoint by its weights, so a retrained arm is recomputed
+    student_cfg = dataclasses.replace(inst, traces=cfg.validation_traces, out_dir=str(hd_dir),
+                                      teacher=f"student weights {weights_fingerprint(model)}")
     run_attribution(student_cfg, params, model=model, tokenizer=tokenizer, limit=limit, force=force)
     return run_calibration(student_cfg, params, limit=limit)
 
@@ -230,7 +249,7 @@ def knockin_stage(model, tokenizer, teacher_tokenizer, cfg: OwnHeadsConfig, hd_d
     bins = [k for k in cfg.bins if k <= n_total]
     if not bins:
         raise UserError(f"evaluate.own_heads.bins {list(cfg.bins)}: none fits the model's {n_total} heads")
-    digest = cfg.digest()
+    digest = _digest(cfg.digest(), file_sha256(head_sets_path), weights_fingerprint(model))
     note_pass = NotePass("own-knockin", m6_dir, "patch2.jsonl", read_jsonl, force, digest)
     rows_by_note: dict[str, list[dict]] = {}
     try:
@@ -294,7 +313,7 @@ def readside_stage(model, tokenizer, teacher_tokenizer, cfg: OwnHeadsConfig, hd_
     panels = readside_panels(own_scores(sets), cfg.readside_k, L, H, cfg.seed, cfg.readside_phases)
     heads = sorted({h for by in panels.values() for hs in by.values() for h in hs})
     pairs = [(h // H, h % H) for h in heads]
-    digest = hashlib.sha256((cfg.digest() + json.dumps(panels, sort_keys=True)).encode()).hexdigest()
+    digest = _digest(cfg.digest(), json.dumps(panels, sort_keys=True), weights_fingerprint(model))
     note_pass = NotePass("readside", m6_dir, "readside.jsonl", read_jsonl, force, digest)
     traces = test_traces(cfg, limit)
     realized = write_realized_events(traces, Path(cfg.test_events_dir), m6_dir, teacher_tokenizer, tokenizer,

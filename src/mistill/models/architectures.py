@@ -38,7 +38,7 @@ class TinyArchitecture:
     extra: dict[str, Any] = field(default_factory=dict)
 
     @classmethod
-    def from_params(cls, section: dict[str, Any]) -> "TinyArchitecture":
+    def from_params(cls, section: dict[str, Any]) -> TinyArchitecture:
         known = set(cls.__dataclass_fields__)
         unknown = set(section) - known
         if unknown:

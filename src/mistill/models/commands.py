@@ -72,7 +72,7 @@ def save_model_dir(model: Any, tokenizer: Any, directory: str | Path, extra_json
 
 def demo_tokenizer(params: dict[str, Any], family: str):
     """The compact tokenizer of a family over the demo corpus (identical for every model of that family)."""
-    from mistill.models.demo_world import load_note_file, load_world, remap_corpus, cut_for_prompt
+    from mistill.models.demo_world import cut_for_prompt, load_note_file, load_world, remap_corpus
     from mistill.models.tokenizers import CompactTokenizer, base_tokenizer, build_remap
 
     world = load_world(params)
@@ -212,6 +212,8 @@ def cmd_init_students(args) -> int:
 
 
 def cmd_traces(args) -> int:
+    from tqdm import tqdm
+
     from mistill.io import provenance, read_jsonl, write_json, write_jsonl
     from mistill.models.demo_world import FULL, load_note_file, load_world
     from mistill.models.generation import Decoding, generate
@@ -220,7 +222,6 @@ def cmd_traces(args) -> int:
     from mistill.params import load_params
     from mistill.world.answers import parse_answer
     from mistill.world.prompt import template_hash
-    from tqdm import tqdm
 
     if args.set not in TRACE_SETS:
         raise UserError(f"unknown trace set {args.set!r}; known: {', '.join(TRACE_SETS)}")

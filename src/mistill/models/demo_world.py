@@ -37,8 +37,8 @@ class DemoWorld:
         return list(self.inventory.restrict(self.shortlists[note.note_id]))
 
     def prompt(self, note: Note, kind: str, *, narrow_instruction: bool = True) -> str:
-        from mistill.world.prompt import build_prompt
         from mistill.world.inventory import format_line
+        from mistill.world.prompt import build_prompt
 
         return build_prompt(note, [format_line(c) for c in self.candidates(note, kind)],
                             narrow_instruction=narrow_instruction)

@@ -18,8 +18,9 @@ generation is invalid and scores empty).
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass
-from typing import Any, Sequence
+from typing import Any
 
 from mistill.errors import UserError
 
@@ -46,7 +47,7 @@ class Decoding:
     max_new_tokens: int = 1024
 
     @classmethod
-    def from_params(cls, section: dict[str, Any]) -> "Decoding":
+    def from_params(cls, section: dict[str, Any]) -> Decoding:
         known = {k: section[k] for k in cls.__dataclass_fields__ if k in section}
         decoding = cls(**known)
         if decoding.temperature <= 0:
@@ -69,8 +70,8 @@ def generate(model_spec: Any, prompts: Sequence[str], *, seeds: Sequence[int], t
     """
     if len(seeds) != len(prompts):
         raise UserError(f"generate: {len(prompts)} prompts but {len(seeds)} seeds")
-    decoding = Decoding.from_params(dict(temperature=temperature, top_p=top_p, top_k=top_k,
-                                         max_new_tokens=max_new_tokens))
+    decoding = Decoding.from_params({"temperature": temperature, "top_p": top_p, "top_k": top_k,
+                                         "max_new_tokens": max_new_tokens})
     if backend == "transformers":
         return _generate_transformers(model_spec, prompts, seeds, decoding, load_kwargs or {}, progress)
     if backend == "vllm":

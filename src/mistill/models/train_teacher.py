@@ -7,9 +7,13 @@ only, averaged over those tokens:
     L = - (1 / |C|) sum_{t in C} log p(x_t | x_<t),   C = completion positions.
 
 Prompts mix the full inventory (what HD-001 characterizes) and the shortlist
-(the validation and distillation sets), so one teacher serves both.  Notes are
-the generator's train split (dt_train and the rest of that split; never a
-characterization or test note), each cut as App. A cuts notes for prompts.
+(the validation and distillation sets), so one teacher serves both; a note the
+retriever never scored gets a shortlist-shaped list (`sampled_shortlist`).
+Notes are the generator's train split (dt_train and the rest of that split;
+never a characterization or distillation-test patient) plus teacher-only notes
+from the same generator under its own seed (`teacher_training.extra_patients`,
+standing in for the pretraining a real teacher brings), each cut as App. A cuts
+notes for prompts.
 
 Full-inventory prompts share their first ~3k tokens (the header and the one
 shuffled inventory block, App. A: "a cacheable prefix"), so a batch of them runs
@@ -161,7 +165,7 @@ def make_batches(examples: list[TeacherExample], batch_size: int, rng: random.Ra
 
 def lr_at(step: int, total: int, peak: float, warmup_share: float) -> float:
     """Linear warm-up over `warmup_share` of the steps, then cosine decay to zero (App. J.2)."""
-    warmup = max(1, int(round(warmup_share * total)))
+    warmup = max(1, round(warmup_share * total))
     if step < warmup:
         return peak * (step + 1) / warmup
     progress = (step - warmup) / max(1, total - warmup)
