@@ -141,28 +141,9 @@ TOLERANCE_DEFAULTS = {
     },
 }
 
+from mistill.repro.registry import infer_kind
+
 REPORTED_FIELDS = ("interval", "p", "higher", "lower", "ties", "n", "note", "src")
-
-
-def infer_kind(name: str, value, stat: str) -> str:
-    """What sort of number a value is; selects its default tolerance."""
-    s = stat.lower()
-    head = s.split("(")[0]
-    elems = value if isinstance(value, list) else [value]
-    all_int = all(isinstance(x, int) for x in elems)
-    if name.endswith("_p") or s == "p" or "sign-test p" in s or s.startswith("p-value"):
-        return "p_value"
-    if "percent" in head or head.startswith("%"):
-        return "percent"
-    if "nats" in head:
-        return "nats"
-    if re.match(r"(layer|ranks?\b|lambda|pre-fixed|heads\b)", head):
-        return "discrete"
-    if any(w in head for w in ("token", "minute", "second", "gib", "questions", "problems", "codes")):
-        return "quantity"
-    if all_int:
-        return "count"
-    return "share"
 
 
 def build(spec: dict) -> tuple[dict, dict]:

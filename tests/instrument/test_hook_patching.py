@@ -198,7 +198,7 @@ def test_split_variant_attention_equals_masked_attention(small_model):
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 def test_split_attention_on_cuda_bf16_matches_the_fp32_masked_path():
     """The flash-attention path (bf16, CUDA) against the masked path of the same model in float32."""
-    from conftest import tiny_qwen3
+    from tests.instrument.conftest import tiny_qwen3
 
     model32 = tiny_qwen3(211, layers=3, heads=8, kv_heads=2, head_dim=64).cuda()
     model16 = tiny_qwen3(211, layers=3, heads=8, kv_heads=2, head_dim=64).cuda().to(torch.bfloat16)

@@ -96,7 +96,7 @@ def test_changed_parameters_make_artifacts_stale(world, qwen_model, tokenizer, c
 
 
 def test_a_changed_trace_makes_its_artifacts_stale(tmp_path, qwen_model, tokenizer, capsys):
-    from conftest import _write_world
+    from tests.instrument.conftest import _write_world
 
     cfg = _write_world(tmp_path)
     params = {"profile": "test"}

@@ -9,7 +9,7 @@ import json
 import numpy as np
 import pytest
 import torch
-from conftest import tiny_qwen3, tiny_smollm3, write_world
+from own_heads_world import tiny_qwen3, tiny_smollm3, write_world
 
 from mistill.errors import UserError
 from mistill.evaluate.own_heads import OwnHeadsConfig, readside_panels, realize_note_events, run_chain

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-from conftest import INVENTORY, tiny_qwen3, tiny_smollm3, traces
+from own_heads_world import INVENTORY, tiny_qwen3, tiny_smollm3, traces
 
 from mistill.errors import UserError
 from mistill.instrument import readside as rs

@@ -6,7 +6,7 @@ import shutil
 from pathlib import Path
 
 import pytest
-from repro_helpers import REPO
+from tests.repro.repro_helpers import REPO
 
 from mistill.repro.registry import Registry, load_registry
 

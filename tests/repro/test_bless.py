@@ -2,7 +2,7 @@
 
 import pytest
 import yaml
-from repro_helpers import write_fixture
+from tests.repro.repro_helpers import write_fixture
 
 from mistill.cli import main
 from mistill.repro.registry import load_registry
@@ -59,7 +59,7 @@ def test_hand_set_tolerance_survives_rebless(scratch_root, monkeypatch):
 
 
 def test_paper_values_cannot_be_blessed(scratch_root, registry, monkeypatch, capsys):
-    from repro_helpers import paper_values
+    from tests.repro.repro_helpers import paper_values
 
     monkeypatch.chdir(scratch_root)
     results = scratch_root / "results"

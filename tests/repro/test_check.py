@@ -1,7 +1,7 @@
 """`mistill repro check` (what `nox -s check_tolerances` runs) on fixture numbers files in tmp_path."""
 
 import pytest
-from repro_helpers import REPO, paper_values, write_fixture
+from tests.repro.repro_helpers import REPO, paper_values, write_fixture
 
 from mistill.cli import main
 

@@ -1,7 +1,7 @@
 """dvc.yaml, registry.yaml and REGISTRY.md agree."""
 
 import yaml
-from repro_helpers import REPO
+from tests.repro.repro_helpers import REPO
 
 from mistill.repro.consistency import consistency_problems, dvc_stage_names
 from mistill.repro.registry import load_registry

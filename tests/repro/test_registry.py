@@ -2,7 +2,7 @@ import re
 
 import pytest
 import yaml
-from repro_helpers import SHARED_SPEC
+from tests.repro.repro_helpers import SHARED_SPEC
 
 from mistill.errors import UserError
 from mistill.repro.macros import macro_name, number_words

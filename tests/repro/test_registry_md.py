@@ -4,7 +4,7 @@ import re
 
 import pytest
 import yaml
-from repro_helpers import REPO, SHARED_SPEC
+from tests.repro.repro_helpers import REPO, SHARED_SPEC
 
 from mistill.cli import main
 from mistill.repro.check import fmt_value

@@ -4,7 +4,7 @@ import re
 import shutil
 
 import pytest
-from repro_helpers import REPO, paper_values, write_fixture
+from tests.repro.repro_helpers import REPO, paper_values, write_fixture
 
 from mistill.errors import UserError
 from mistill.repro.render import MISSING, render_paper

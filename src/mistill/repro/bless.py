@@ -25,7 +25,7 @@ from mistill.errors import UserError
 from mistill.io import atomic_open, file_sha256
 from mistill.repro.check import fmt_value
 from mistill.repro.numbers import numbers_path, read_numbers
-from mistill.repro.registry import Registry, expected_path
+from mistill.repro.registry import Registry, expected_path, infer_kind
 
 HEADER = """\
 # Expected values of the {profile} profile: goldens from a reference run, written by
@@ -67,7 +67,8 @@ def bless(registry: Registry, ids: list[str], *, profile: str, results_dir: str 
             entry: dict[str, Any] = {
                 "value": record["value"],
                 "stat": record["statistic"],
-                "kind": reference.kind if reference else old.get(key, {}).get("kind", "share"),
+                "kind": reference.kind if reference else old.get(key, {}).get(
+                    "kind", infer_kind(key, record["value"], record["statistic"])),
                 "class": reference.cls if reference else ",".join(registry.results[rid].nondeterminism),
             }
             if "tolerance" in old.get(key, {}):

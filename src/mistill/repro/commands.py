@@ -37,6 +37,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     _common(bless)
     bless.set_defaults(func=cmd_bless)
 
+    read = subparsers.add_parser("read", help="run a result's reader (registry.yaml names it) -> results/<ID>.json",
+                                 description="Run the reader of one result id; arguments after the id pass through.")
+    read.add_argument("id", metavar="ID")
+    read.add_argument("reader_args", nargs=argparse.REMAINDER, help="passed to the reader")
+    read.set_defaults(func=cmd_read)
+
 
 def _common(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--profile", help="profile to check against (default: params.yaml's active profile)")
@@ -113,3 +119,23 @@ def cmd_bless(args: argparse.Namespace) -> int:
 
 
 __all__ = ["UserError", "register"]
+
+
+def cmd_read(args: argparse.Namespace) -> int:
+    """Run a reader script in this interpreter, so DVC stages need no `python` on PATH."""
+    import runpy
+
+    from mistill.repro.registry import load_registry
+
+    registry = load_registry()
+    if args.id not in registry.results:
+        raise UserError(f"unknown result id {args.id!r}")
+    reader = Path(registry.results[args.id].reader.split()[0])
+    if not reader.is_file():
+        raise UserError(f"{args.id}: reader {reader} does not exist (status {registry.results[args.id].status})")
+    sys.argv = [str(reader), *args.reader_args]
+    try:
+        runpy.run_path(str(reader), run_name="__main__")
+    except SystemExit as done:
+        return int(done.code or 0) if not isinstance(done.code, str) else 1
+    return 0
