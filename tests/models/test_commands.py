@@ -51,7 +51,7 @@ def world(tmp_path, monkeypatch):
 def test_traces_records_contract_and_resumes(world, monkeypatch):
     assert main(["models", "traces", "--set", "TR-008"]) == 0
     records = read_jsonl(world / "artifacts" / "TR-008" / "traces.jsonl")
-    assert [r["note_id"] for r in records] == ["n2", "n3"]
+    assert [r["note_id"] for r in records] == ["n3", "n2"]  # test notes first
     keys = {"note_id", "prompt", "completion", "valid", "hit_cap", "degenerate", "answer", "n_new_tokens", "seed",
             "decoding", "model"}
     assert all(set(r) == keys for r in records)

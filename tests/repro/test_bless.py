@@ -88,8 +88,10 @@ def test_extra_keys_let_a_demo_reader_record_an_invariant(scratch_root, monkeypa
     from mistill.repro.numbers import write_numbers
 
     path = scratch_root / "registry.yaml"
-    path.write_text(path.read_text().replace("    stage: R-C2\n",
-                                             "    stage: R-C2\n    extra_keys: [all_heads_knockin_recovery]\n", 1))
+    data = yaml.safe_load(path.read_text())
+    data["results"]["R-C2"]["extra_keys"] = [*data["results"]["R-C2"].get("extra_keys", []),
+                                             "all_heads_knockin_recovery"]
+    path.write_text(yaml.safe_dump(data, sort_keys=False))
     registry = load_registry(scratch_root)
     assert registry.registered_keys("R-C2")[-1] == "all_heads_knockin_recovery"
     values = {"all_heads_knockin_recovery": {"value": 1.0, "statistic": "median over events", "artifact": "a"}}

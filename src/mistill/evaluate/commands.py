@@ -142,3 +142,8 @@ def register(subparsers) -> None:
     p.add_argument("--threads", default=2)
     p.add_argument("--out", required=True)
     p.set_defaults(func=cmd_m1)
+
+    # the own-heads chain and its comparisons (App. J, K, L; R-D6)
+    from mistill.evaluate import own_heads_commands
+
+    own_heads_commands.register(subparsers)
