@@ -141,7 +141,7 @@ TOLERANCE_DEFAULTS = {
     },
 }
 
-from mistill.repro.registry import infer_kind
+from mistill.repro.registry import infer_kind  # noqa: E402  (after the table it complements)
 
 REPORTED_FIELDS = ("interval", "p", "higher", "lower", "ties", "n", "note", "src")
 

@@ -15,7 +15,7 @@ import subprocess
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, IO
+from typing import IO, Any
 
 
 @contextlib.contextmanager

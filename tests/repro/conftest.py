@@ -6,9 +6,9 @@ import shutil
 from pathlib import Path
 
 import pytest
-from tests.repro.repro_helpers import REPO
 
 from mistill.repro.registry import Registry, load_registry
+from tests.repro.repro_helpers import REPO
 
 
 @pytest.fixture(scope="session")

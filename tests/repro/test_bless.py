@@ -2,10 +2,10 @@
 
 import pytest
 import yaml
-from tests.repro.repro_helpers import write_fixture
 
 from mistill.cli import main
 from mistill.repro.registry import load_registry
+from tests.repro.repro_helpers import write_fixture
 
 LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
 

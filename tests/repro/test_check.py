@@ -1,9 +1,9 @@
 """`mistill repro check` (what `nox -s check_tolerances` runs) on fixture numbers files in tmp_path."""
 
 import pytest
-from tests.repro.repro_helpers import REPO, paper_values, write_fixture
 
 from mistill.cli import main
+from tests.repro.repro_helpers import REPO, paper_values, write_fixture
 
 
 @pytest.fixture(autouse=True)

@@ -1,11 +1,11 @@
 """dvc.yaml, registry.yaml and REGISTRY.md agree."""
 
 import yaml
-from tests.repro.repro_helpers import REPO
 
 from mistill.repro.consistency import consistency_problems, dvc_stage_names
 from mistill.repro.registry import load_registry
 from mistill.repro.registry_md import write_registry_md
+from tests.repro.repro_helpers import REPO
 
 LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
 DUMPER = getattr(yaml, "CSafeDumper", yaml.SafeDumper)

@@ -3,6 +3,7 @@
 import importlib.util
 
 import pytest
+
 from tests.repro.repro_helpers import REPO, SHARED_SPEC
 
 spec = importlib.util.spec_from_file_location("import_paper_registry", REPO / "tools" / "import_paper_registry.py")

@@ -2,11 +2,11 @@ import re
 
 import pytest
 import yaml
-from tests.repro.repro_helpers import SHARED_SPEC
 
 from mistill.errors import UserError
 from mistill.repro.macros import macro_name, number_words
 from mistill.repro.registry import ALL_IDS, load_registry
+from tests.repro.repro_helpers import SHARED_SPEC
 
 
 def test_all_62_results_registered_with_every_field(registry):

@@ -4,12 +4,12 @@ import re
 
 import pytest
 import yaml
-from tests.repro.repro_helpers import REPO, SHARED_SPEC
 
 from mistill.cli import main
 from mistill.repro.check import fmt_value
 from mistill.repro.registry import ALL_IDS, load_registry
 from mistill.repro.registry_md import render_registry_md
+from tests.repro.repro_helpers import REPO, SHARED_SPEC
 
 LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
 

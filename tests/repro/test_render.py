@@ -4,10 +4,10 @@ import re
 import shutil
 
 import pytest
-from tests.repro.repro_helpers import REPO, paper_values, write_fixture
 
 from mistill.errors import UserError
 from mistill.repro.render import MISSING, render_paper
+from tests.repro.repro_helpers import REPO, paper_values, write_fixture
 
 TEMPLATES = REPO / "paper" / "templates"
 TABLE_IDS = {"table1": ["R-C3"],

@@ -7,8 +7,8 @@ only, averaged over those tokens:
     L = - (1 / |C|) sum_{t in C} log p(x_t | x_<t),   C = completion positions.
 
 Prompts mix the full inventory (what HD-001 characterizes) and the shortlist
-(the validation and distillation sets), so one teacher serves both; a note the
-retriever never scored gets a shortlist-shaped list (`sampled_shortlist`).
+(the validation and distillation sets), so one teacher serves both; shortlist
+prompts use a seeded shortlist-shaped list (`sampled_shortlist`), never RT-003's.
 Notes are the generator's train split (dt_train and the rest of that split;
 never a characterization or distillation-test patient) plus teacher-only notes
 from the same generator under its own seed (`teacher_training.extra_patients`,
@@ -60,17 +60,17 @@ def make_example(tokenizer: Any, note_id: str, kind: str, prompt: str, completio
 def build_examples(tokenizer: Any, world: DemoWorld, notes: list[Note], *, seed: int,
                    shortlist_share: float, shortlist_size: int) -> list[TeacherExample]:
     """One full-inventory example per note, plus a shortlist example for a seeded `shortlist_share`
-    of the notes: over the note's RT-003 shortlist where it has one, else `sampled_shortlist`."""
+    of the notes over a `sampled_shortlist`.
+
+    The teacher never sees RT-003's shortlists: in the paper it is an off-the-shelf model, so its
+    training must not depend on the retriever (and the demo teacher stage does not depend on it)."""
     rng = random.Random(seed)
     examples = []
     for note in notes:
         examples.append(_example(tokenizer, note, FULL, world.candidates(note, FULL), seed))
         if rng.random() >= shortlist_share:
             continue
-        if note.note_id in world.shortlists:
-            candidates = world.candidates(note, SHORTLIST)
-        else:
-            candidates = sampled_shortlist(note, world.inventory, shortlist_size, rng)
+        candidates = sampled_shortlist(note, world.inventory, shortlist_size, rng)
         examples.append(_example(tokenizer, note, SHORTLIST, candidates, seed))
     return examples
 
