@@ -147,3 +147,5 @@ def register(subparsers) -> None:
     from mistill.evaluate import own_heads_commands
 
     own_heads_commands.register(subparsers)
+    from mistill.evaluate import generate_commands  # test-note generations per arm (App. J.5)
+    generate_commands.register(subparsers)

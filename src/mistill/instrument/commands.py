@@ -8,12 +8,14 @@
     all        the five in order, one model load (the HD-001 stage)
 
 Paths and sizes come from the active profile's `instrument` section of params.yaml
-(the teacher's id, dtype and device from `models`).
+(the teacher's id, dtype and device from `models`); `--traces` and `--out-dir` run the
+same passes over another trace set.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 
 from mistill.params import load_params
 
@@ -21,6 +23,9 @@ from mistill.params import load_params
 def _common(parser: argparse.ArgumentParser, *, resumable: bool = True) -> None:
     parser.add_argument("--profile", default=None, help="params.yaml profile (default: the active one)")
     parser.add_argument("--limit", type=int, default=None, help="only the first N notes (smoke runs)")
+    # the same passes over another trace set (TR-007 -> HD-002, TR-008 -> TR-008/events)
+    parser.add_argument("--traces", default=None, help="trace jsonl (default: params instrument.traces)")
+    parser.add_argument("--out-dir", default=None, help="output directory (default: params instrument.out_dir)")
     if resumable:
         parser.add_argument("--force", action="store_true", help="recompute notes whose artifact is valid")
 
@@ -29,7 +34,13 @@ def _config(args):
     from mistill.instrument.passes import InstrumentConfig
 
     params = load_params(profile=args.profile)
-    return InstrumentConfig.from_params(params), params
+    cfg = InstrumentConfig.from_params(params)
+    overrides = {k: v for k, v in (("traces", args.traces), ("out_dir", args.out_dir)) if v is not None}
+    if not overrides:
+        return cfg, params
+    # provenance records the paths the passes actually read and wrote
+    params = {**params, "instrument": {**params["instrument"], **overrides}}
+    return dataclasses.replace(cfg, **overrides), params
 
 
 def _events(args) -> int:

@@ -40,6 +40,14 @@ def render_registry_md(registry: Registry) -> str:
             for name, spec in registry.profiles.items()]
     out += ["", ("Run one result with `dvc repro <ID>`; check every number with `nox -s check_tolerances` "
                  "(`-- R-D6` for one); rebuild tables and macros with `nox -s paper`."), ""]
+    out += ["## Reconstructions", "",
+            ("Where the text extraction lost an equation, the code implements a reconstruction, written out "
+             "with its evidence and tested for its properties:"), "",
+            ("- The Mistill objective (Sec. 4.1, App. I.1-I.2; attention term, region mass, contribution, "
+             "interaction term, the removed write term): [docs/mistill_objective.md](docs/mistill_objective.md), "
+             "`src/mistill/distill/objective.py`."),
+            ("- Knock-in recovery, its range gate and donor matching (App. C, D): "
+             "`src/mistill/instrument/knockin.py`, `src/mistill/stats/effects.py`."), ""]
     out += ["## Nondeterminism classes", ""]
     for name, cls in registry.classes.items():
         out.append(f"- **{name}** ({cls['name']}): {_md(cls['definition'])}")

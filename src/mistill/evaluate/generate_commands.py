@@ -1,0 +1,171 @@
+"""`mistill evaluate generate`: one arm's generations on the test notes (App. J.5, K).
+
+Each test note's shortlist prompt is sampled once with the teacher's decoding settings and a
+per-note seed independent of the training seed (App. J.5: "a per-note seed"):
+
+    seed(note) = seeds.decoding + crc32(note_id) mod 2^31
+
+so a note's seed does not depend on which other notes are generated or in what order. Notes are
+decoded in left-padded batches (a CPU-sized tiny student spends its time in per-step overhead);
+each row samples from its own `torch.Generator` seeded with its note's seed, so batching does not
+couple the rows' randomness. Sampling follows transformers' order: logits / temperature, top-k,
+top-p (the smallest set of tokens whose probability reaches top_p), then one draw. The
+records have the trace format of TR-008 (`note_id, prompt, completion, valid, hit_cap,
+degenerate, answer, n_new_tokens, seed, decoding, model`), which `mistill evaluate task` and
+`fidelity --generations` read. The pass is resumable per note: records already made by the same
+model with the same decoding are kept.
+
+Hooked into `mistill evaluate` by `mistill.evaluate.commands.register`.
+"""
+
+from __future__ import annotations
+
+import zlib
+from pathlib import Path
+
+from mistill.errors import UserError
+
+
+def note_seed(base_seed: int, note_id: str) -> int:
+    """The per-note sampling seed: base + crc32(note_id), folded into [0, 2^31)."""
+    return (int(base_seed) + zlib.crc32(note_id.encode("utf-8"))) % (2 ** 31)
+
+
+def filter_logits(logits, temperature: float, top_k: int, top_p: float):
+    """Logits after temperature, top-k and top-p (nucleus) filtering; filtered entries are -inf."""
+    import torch
+
+    logits = logits / temperature
+    k = min(int(top_k), logits.shape[-1])
+    kth = torch.topk(logits, k, dim=-1).values[..., -1:]
+    logits = logits.masked_fill(logits < kth, float("-inf"))
+    sorted_logits, order = torch.sort(logits, dim=-1, descending=False)
+    cumulative = sorted_logits.softmax(dim=-1).cumsum(dim=-1)
+    drop_sorted = cumulative <= 1 - top_p
+    drop_sorted[..., -1] = False  # keep at least the most likely token
+    drop = drop_sorted.scatter(-1, order, drop_sorted)
+    return logits.masked_fill(drop, float("-inf"))
+
+
+def sample_batch(model, tokenizer, prompts: list[str], seeds: list[int], decoding) -> list[dict]:
+    """Sample one completion per prompt, row i from a generator seeded with seeds[i].
+
+    Returns {"completion", "n_new_tokens", "hit_cap"} per prompt, with the semantics of
+    `mistill.models.generation.Generation` (end-of-turn token counted, not decoded).
+    """
+    import torch
+    from transformers import DynamicCache
+
+    device = next(model.parameters()).device
+    encoded = [tokenizer.encode(tokenizer.chat_prompt(p)).ids for p in prompts]
+    width = max(len(ids) for ids in encoded)
+    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+    input_ids = torch.tensor([[pad] * (width - len(ids)) + ids for ids in encoded], device=device)
+    mask = torch.tensor([[0] * (width - len(ids)) + [1] * len(ids) for ids in encoded], device=device)
+    generators = [torch.Generator(device=device).manual_seed(int(s)) for s in seeds]
+    eos = tokenizer.eos_token_id
+    new: list[list[int]] = [[] for _ in prompts]
+    finished = [False] * len(prompts)
+    cache = DynamicCache()
+    step_ids = input_ids
+    with torch.no_grad():
+        for _ in range(decoding.max_new_tokens):
+            positions = (mask.cumsum(-1) - 1).clamp(min=0)[:, -step_ids.shape[1]:]
+            out = model(input_ids=step_ids, attention_mask=mask, position_ids=positions, past_key_values=cache,
+                        use_cache=True)
+            cache = out.past_key_values
+            logits = filter_logits(out.logits[:, -1, :].float(), decoding.temperature, decoding.top_k,
+                                   decoding.top_p)
+            probs = logits.softmax(-1)
+            nxt = []
+            for i, gen in enumerate(generators):
+                if finished[i]:
+                    nxt.append(pad)
+                    continue
+                token = int(torch.multinomial(probs[i], 1, generator=gen))
+                new[i].append(token)
+                finished[i] = token == eos
+                nxt.append(token)
+            if all(finished):
+                break
+            step_ids = torch.tensor([nxt], device=device).T
+            # the fed token of a finished row is padding: masked out of every later step
+            mask = torch.cat([mask, torch.tensor([[0] if f else [1] for f in finished], device=device)], dim=1)
+    results = []
+    for ids in new:
+        closed = bool(ids) and ids[-1] == eos
+        results.append({"completion": tokenizer.decode(ids[:-1] if closed else ids), "n_new_tokens": len(ids),
+                        "hit_cap": not closed})
+    return results
+
+
+def cmd_generate(args) -> int:
+    import torch
+    from tqdm import tqdm
+
+    from mistill.io import provenance, read_jsonl, write_json, write_jsonl
+    from mistill.models.demo_world import SHORTLIST, load_world
+    from mistill.models.generation import Decoding
+    from mistill.models.loading import load_model
+    from mistill.params import load_params
+    from mistill.world.answers import parse_answer
+    from mistill.world.notes import load_notes
+
+    params = load_params()
+    models = params["models"]
+    torch.set_num_threads(int(args.threads))
+    spec = str(params["models"].get(args.model, args.model))
+    if not Path(spec).exists() and "/" not in spec:
+        raise UserError(f"--model {args.model!r}: neither a params models key nor a model directory or id")
+    world = load_world(params, need_shortlists=True)
+    notes_path = Path(args.notes or params["evaluate"]["test_notes"])
+    if not notes_path.exists():
+        raise UserError(f"{notes_path}: no test notes (run `mistill world corpora`)")
+    notes = load_notes(notes_path, world.inventory)[:args.limit]
+    decoding = Decoding.from_params(params["decoding"])
+    base_seed = int(params["seeds"]["decoding"])
+    attn = models.get("generation_attn_implementation") or models.get("attn_implementation", "eager")
+    settings = {**decoding.as_dict(), "backend": "transformers", "attn_implementation": attn}
+    out = Path(args.out)
+    done: dict[str, dict] = {}
+    if out.exists():  # resumable per note: keep records made by the same model with the same decoding
+        done = {r["note_id"]: r for r in read_jsonl(out) if r.get("model") == spec and r.get("decoding") == settings}
+    todo = [n for n in notes if n.note_id not in done]
+    if todo:
+        model, tokenizer = load_model(spec, dtype=models.get("dtype"), attn_implementation=attn)
+        model.eval()
+        order = [n.note_id for n in notes]
+        batches = [todo[i:i + int(args.batch)] for i in range(0, len(todo), int(args.batch))]
+        for group in tqdm(batches, desc=f"generate {out.parent.name}", unit="batch"):
+            seeds = [note_seed(base_seed, n.note_id) for n in group]
+            prompts = [world.prompt(n, SHORTLIST) for n in group]
+            for note, prompt, seed, gen in zip(group, prompts, seeds,
+                                               sample_batch(model, tokenizer, prompts, seeds, decoding)):
+                parsed = parse_answer(gen["completion"], world.inventory, hit_cap=gen["hit_cap"])
+                done[note.note_id] = {
+                    "note_id": note.note_id, "prompt": prompt, "completion": gen["completion"],
+                    "valid": parsed.valid, "hit_cap": parsed.hit_cap, "degenerate": parsed.degenerate,
+                    "answer": list(parsed.answer), "n_new_tokens": gen["n_new_tokens"], "seed": seed,
+                    "decoding": settings, "model": spec,
+                }
+            write_jsonl(out, [done[i] for i in order if i in done])
+    records = [done[n.note_id] for n in notes]
+    write_json(out.with_name(out.stem + ".summary.json"), {
+        "notes": len(records), "valid_rate": sum(r["valid"] for r in records) / max(len(records), 1),
+        "hit_cap_share": sum(r["hit_cap"] for r in records) / max(len(records), 1),
+        "n_new_tokens": sum(r["n_new_tokens"] for r in records), "model": spec, "test_notes": str(notes_path),
+        "provenance": provenance({"decoding": params["decoding"], "seeds": params["seeds"]}, seed=base_seed,
+                                 seed_rule="seeds.decoding + crc32(note_id) mod 2^31", model=spec)})
+    print(f"generate: {len(records)} notes, valid {sum(r['valid'] for r in records)}/{len(records)} -> {out}")
+    return 0
+
+
+def register(subparsers) -> None:
+    p = subparsers.add_parser("generate", help="one arm's test-note generations, teacher decoding, per-note seeds")
+    p.add_argument("--model", required=True, help="params models key (student_qwen, ...) or a model directory")
+    p.add_argument("--out", required=True, help="generations jsonl (trace format); a .summary.json goes beside it")
+    p.add_argument("--notes", help="notes to generate on (default: params evaluate.test_notes)")
+    p.add_argument("--limit", type=int, help="only the first N notes (smoke runs)")
+    p.add_argument("--batch", type=int, default=32, help="notes decoded together (rows keep their own seeds)")
+    p.add_argument("--threads", default=2)
+    p.set_defaults(func=cmd_generate)
