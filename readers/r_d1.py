@@ -169,8 +169,9 @@ def m1_shares(arm: ArmSeed, kinds=KINDS) -> list[float] | None:
 
 def m1_text(arm: ArmSeed, kinds=KINDS) -> str:
     counts = ", ".join(f"{k} {arm.m1.get(k, {}).get('events', 0)}" for k in kinds)
-    return (f"M1: share of the teacher's events at which the student's margin is > 0, pooled over the test notes' "
-            f"events ({counts} events), [{', '.join(kinds)}]")
+    notes = {n for k in kinds for n in (arm.m1.get(k, {}).get("per_note_share") or {})}
+    return (f"M1: share of the teacher's events at which the student's margin is > 0, pooled over the events of "
+            f"{len(notes)} test notes with teacher events ({counts} events), [{', '.join(kinds)}]")
 
 
 def n_notes_text(arm: ArmSeed) -> str:

@@ -160,6 +160,42 @@ def cmd_generate(args) -> int:
     return 0
 
 
+def cmd_notes_with_events(args) -> int:
+    """Write the notes whose teacher trace has an events file; name the others and why they have none.
+
+    The events pass skips a trace that names a code outside the inventory (params
+    instrument.events.unknown_codes: skip_note) and records why in skipped_events.json; the
+    consumers of events (teacher targets, M1) refuse a note without events, so the chain drops
+    such notes here, visibly, instead of training or scoring on a partial set by accident.
+    """
+    import json
+
+    from mistill.io import atomic_open
+
+    events_dir = Path(args.events_dir)
+    if not events_dir.is_dir():
+        raise UserError(f"{events_dir}: no events directory (run `mistill instrument events` first)")
+    skipped_path = events_dir / "skipped_events.json"
+    why = json.loads(skipped_path.read_text()).get("skipped", {}) if skipped_path.exists() else {}
+    lines = Path(args.notes).read_text().splitlines() if Path(args.notes).exists() else None
+    if lines is None:
+        raise UserError(f"{args.notes}: no such notes file")
+    kept, dropped = [], {}
+    for line in filter(None, lines):
+        note_id = json.loads(line)["note_id"]
+        if (events_dir / note_id / "events.jsonl").is_file():
+            kept.append(line)
+        else:
+            dropped[note_id] = why.get(note_id, "no events file")
+    if not kept:
+        raise UserError(f"{args.notes}: no note has events under {events_dir}")
+    with atomic_open(args.out) as fh:
+        fh.write("".join(f"{line}\n" for line in kept))
+    print(f"notes with events: {len(kept)} kept, {len(dropped)} dropped"
+          + "".join(f"; {n}: {r}" for n, r in sorted(dropped.items())))
+    return 0
+
+
 def register(subparsers) -> None:
     p = subparsers.add_parser("generate", help="one arm's test-note generations, teacher decoding, per-note seeds")
     p.add_argument("--model", required=True, help="params models key (student_qwen, ...) or a model directory")
@@ -169,3 +205,9 @@ def register(subparsers) -> None:
     p.add_argument("--batch", type=int, default=32, help="notes decoded together (rows keep their own seeds)")
     p.add_argument("--threads", default=2)
     p.set_defaults(func=cmd_generate)
+
+    p = subparsers.add_parser("notes-with-events", help="the notes whose teacher trace has events (targets, M1)")
+    p.add_argument("--notes", required=True, help="notes jsonl to filter")
+    p.add_argument("--events-dir", required=True, help="<note_id>/events.jsonl directory of the teacher's traces")
+    p.add_argument("--out", required=True, help="filtered notes jsonl")
+    p.set_defaults(func=cmd_notes_with_events)
