@@ -57,6 +57,25 @@ def read_jsonl(path: str | Path) -> list[dict[str, Any]]:
         return [json.loads(line) for line in fh if line.strip()]
 
 
+def iter_json_lines(path: str | Path, what: str) -> Iterator[tuple[str, Any]]:
+    """Each non-blank line of a jsonl file as (`file:line`, parsed value), for loaders that
+    validate row by row; a missing file or a line that is not JSON is a one-line UserError."""
+    from mistill.errors import UserError
+
+    path = Path(path)
+    if not path.exists():
+        raise UserError(f"{path}: no such {what} file")
+    with path.open(encoding="utf-8") as fh:
+        for number, raw in enumerate(fh, start=1):
+            if not raw.strip():
+                continue
+            where = f"{path}:{number}"
+            try:
+                yield where, json.loads(raw)
+            except json.JSONDecodeError as err:
+                raise UserError(f"{where}: not a JSON object ({err.msg})") from None
+
+
 def write_npz(path: str | Path, **arrays: Any) -> None:
     import numpy as np
 

@@ -13,13 +13,12 @@ description lower-cased and unpunctuated like the notes, e.g.
 
 from __future__ import annotations
 
-import json
 import random
 from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
 
 from mistill.errors import UserError
-from mistill.io import write_jsonl
+from mistill.io import iter_json_lines, write_jsonl
 from mistill.world import icd
 from mistill.world.text import clean_text
 from mistill.world.types import Code
@@ -177,32 +176,21 @@ def load_inventory(path: str | Path) -> Inventory:
     Raises UserError naming the file and line on a malformed line, a code not in
     dotted upper-case form, an empty description or a duplicate code.
     """
-    path = Path(path)
-    if not path.exists():
-        raise UserError(f"{path}: no such inventory file")
     codes: list[Code] = []
     seen: set[str] = set()
-    with path.open(encoding="utf-8") as fh:
-        for number, raw in enumerate(fh, start=1):
-            if not raw.strip():
-                continue
-            where = f"{path}:{number}"
-            try:
-                row = json.loads(raw)
-            except json.JSONDecodeError as err:
-                raise UserError(f"{where}: not a JSON object ({err.msg})") from None
-            if not isinstance(row, dict) or not isinstance(row.get("code"), str) \
-                    or not isinstance(row.get("description"), str):
-                raise UserError(f"{where}: expected {{\"code\": str, \"description\": str}}")
-            code, description = row["code"], row["description"].strip()
-            if not code or icd.normalise_code(code) != code:
-                raise UserError(f"{where}: code {code!r} is not in dotted upper-case form")
-            if not description:
-                raise UserError(f"{where}: code {code} has an empty description")
-            if code in seen:
-                raise UserError(f"{where}: duplicate code {code}")
-            seen.add(code)
-            codes.append(Code(code, description))
+    for where, row in iter_json_lines(path, "inventory"):
+        if not isinstance(row, dict) or not isinstance(row.get("code"), str) \
+                or not isinstance(row.get("description"), str):
+            raise UserError(f"{where}: expected {{\"code\": str, \"description\": str}}")
+        code, description = row["code"], row["description"].strip()
+        if not code or icd.normalise_code(code) != code:
+            raise UserError(f"{where}: code {code!r} is not in dotted upper-case form")
+        if not description:
+            raise UserError(f"{where}: code {code} has an empty description")
+        if code in seen:
+            raise UserError(f"{where}: duplicate code {code}")
+        seen.add(code)
+        codes.append(Code(code, description))
     if not codes:
         raise UserError(f"{path}: empty inventory")
     return Inventory(codes)

@@ -6,13 +6,12 @@ kept in `Note.meta` and written back unchanged.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
 from mistill.errors import UserError
-from mistill.io import write_jsonl
+from mistill.io import iter_json_lines, write_jsonl
 from mistill.world.inventory import Inventory
 from mistill.world.types import Note
 
@@ -71,30 +70,19 @@ def load_notes(path: str | Path, inventory: Inventory | None = None) -> list[Not
     Raises UserError naming the file and line on a malformed line, a note
     without text, a duplicate note id, or (with `inventory`) an unknown gold code.
     """
-    path = Path(path)
-    if not path.exists():
-        raise UserError(f"{path}: no such notes file")
     notes: list[Note] = []
     seen: set[str] = set()
-    with path.open(encoding="utf-8") as fh:
-        for number, raw in enumerate(fh, start=1):
-            if not raw.strip():
-                continue
-            where = f"{path}:{number}"
-            try:
-                row = json.loads(raw)
-            except json.JSONDecodeError as err:
-                raise UserError(f"{where}: not a JSON object ({err.msg})") from None
-            note = note_from_row(row, where)
-            if note.note_id in seen:
-                raise UserError(f"{where}: duplicate note_id {note.note_id}")
-            seen.add(note.note_id)
-            if inventory is not None:
-                missing = [c for c in note.gold_codes if c not in inventory]
-                if missing:
-                    raise UserError(f"{where}: note {note.note_id}: gold code {missing[0]} "
-                                    "is not in the inventory")
-            notes.append(note)
+    for where, row in iter_json_lines(path, "notes"):
+        note = note_from_row(row, where)
+        if note.note_id in seen:
+            raise UserError(f"{where}: duplicate note_id {note.note_id}")
+        seen.add(note.note_id)
+        if inventory is not None:
+            missing = [c for c in note.gold_codes if c not in inventory]
+            if missing:
+                raise UserError(f"{where}: note {note.note_id}: gold code {missing[0]} "
+                                "is not in the inventory")
+        notes.append(note)
     return notes
 
 
