@@ -16,6 +16,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+from mistill.errors import UserError  # noqa: E402
 from r_d1 import (  # noqa: E402  (the shared DT-eval helpers live beside this reader)
     completed_precision_recall,
     load_arms,
@@ -30,8 +31,6 @@ from r_d1 import (  # noqa: E402  (the shared DT-eval helpers live beside this r
     value,
     where,
 )
-
-from mistill.errors import UserError  # noqa: E402
 
 READER = "readers/r_d2.py"
 

@@ -19,6 +19,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+from mistill.errors import UserError  # noqa: E402
 from r_d1 import (  # noqa: E402  (the shared DT-eval helpers live beside this reader)
     ArmSeed,
     completed_precision_recall,
@@ -34,8 +35,6 @@ from r_d1 import (  # noqa: E402  (the shared DT-eval helpers live beside this r
     where,
 )
 from r_d2 import paired_text, per_note_mean_over_seeds  # noqa: E402
-
-from mistill.errors import UserError  # noqa: E402
 
 READER = "readers/r_d5.py"
 

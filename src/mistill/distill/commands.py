@@ -17,7 +17,7 @@ def _load_traces(path: Path, train_ids: set[str] | None) -> list[dict]:
     from mistill.io import read_jsonl
 
     if not path.exists():
-        raise UserError(f"{path}: no teacher traces (run the models team's trace stage first)")
+        raise UserError(f"{path}: no teacher traces (run `dvc repro TR-008` first)")
     rows = read_jsonl(path)
     for row in rows:
         if not {"note_id", "prompt", "completion"} <= set(row):
