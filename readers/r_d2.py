@@ -14,10 +14,8 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-from mistill.errors import UserError  # noqa: E402
-from r_d1 import (  # noqa: E402  (the shared DT-eval helpers live beside this reader)
+from mistill.errors import UserError
+from mistill.evaluate.readout import (
     completed_precision_recall,
     load_arms,
     m1_shares,

@@ -17,10 +17,8 @@ from pathlib import Path
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-from mistill.errors import UserError  # noqa: E402
-from r_d1 import (  # noqa: E402  (the shared DT-eval helpers live beside this reader)
+from mistill.errors import UserError
+from mistill.evaluate.readout import (
     ArmSeed,
     completed_precision_recall,
     load_arms,

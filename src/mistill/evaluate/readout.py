@@ -1,0 +1,206 @@
+"""Shared reading of the distillation evaluations (R-D1, R-D2, R-D5 readers).
+
+Each arm's evaluation directory `<artifacts>/DT-eval/<label>-s<seed>/` is written by
+
+    mistill evaluate generate --model <spec> --out <dir>/generations.jsonl   (test-note generations)
+    mistill evaluate task --generations <dir>/generations.jsonl --out <dir>/task.json
+    mistill evaluate fidelity --generations ... --model <spec> --out <dir>/fidelity.json
+    mistill evaluate m1 --model <spec> --notes <test notes> --out <dir>/m1.json
+
+with arm labels from params `evaluate.own_heads.arms` (an untrained arm has seed 0 only, the
+sampling seeds being per note).  Helpers: locating an arm's seeds, its corpus metrics, its
+per-note F1 on the test notes, its M1, the teacher's own score on the same notes (the top of
+the gap in "gap recovered"), and writing the registered keys.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import statistics
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from mistill.errors import UserError
+from mistill.params import load_params
+
+EVAL_DIR = "DT-eval"
+KINDS = ("P1", "P2", "P2C")
+
+
+def value(v, statistic: str, artifact) -> dict:
+    return {"value": v, "statistic": statistic, "artifact": str(artifact)}
+
+
+@dataclass
+class ArmSeed:
+    """One arm at one training seed: its evaluation directory and what it holds."""
+
+    label: str
+    seed: int
+    path: Path
+    task: dict = field(default_factory=dict)        # task.json metrics
+    fidelity: dict = field(default_factory=dict)    # fidelity.json metrics
+    m1: dict = field(default_factory=dict)          # m1.json m1 (per kind)
+    generations: dict = field(default_factory=dict)  # note_id -> generation record
+
+    def files(self) -> list[Path]:
+        return [p for p in (self.path / n for n in ("generations.jsonl", "task.json", "fidelity.json", "m1.json"))
+                if p.is_file()]
+
+
+def eval_root(params: dict) -> Path:
+    return Path((params.get("paths") or {}).get("artifacts", "artifacts")) / EVAL_DIR
+
+
+def arm_labels(params: dict) -> dict[str, str]:
+    """Table 2 row -> arm label (params evaluate.own_heads.arms)."""
+    labels = ((params.get("evaluate") or {}).get("own_heads") or {}).get("arms") or {}
+    if not labels:
+        raise UserError("params.yaml evaluate.own_heads.arms: no arm labels")
+    return dict(labels)
+
+
+def load_arm(root: Path, label: str) -> dict[int, ArmSeed]:
+    """Every seed of one arm whose directory holds a task.json, by seed."""
+    from mistill.io import read_jsonl
+
+    seeds: dict[int, ArmSeed] = {}
+    pattern = re.compile(re.escape(label) + r"-s(\d+)$")
+    for path in sorted(root.glob(f"{label}-s*")) if root.is_dir() else []:
+        match = pattern.match(path.name)
+        if not match or not (path / "task.json").is_file():
+            continue
+        arm = ArmSeed(label, int(match.group(1)), path)
+        arm.task = json.loads((path / "task.json").read_text())["metrics"]
+        if (path / "fidelity.json").is_file():
+            arm.fidelity = json.loads((path / "fidelity.json").read_text())["metrics"]
+        if (path / "m1.json").is_file():
+            arm.m1 = json.loads((path / "m1.json").read_text())["m1"]
+        if (path / "generations.jsonl").is_file():
+            arm.generations = {r["note_id"]: r for r in read_jsonl(path / "generations.jsonl")}
+        seeds[arm.seed] = arm
+    return seeds
+
+
+def load_arms(params: dict) -> dict[str, dict[int, ArmSeed]]:
+    """Table 2 row -> {seed: ArmSeed} for every row with at least one evaluated seed."""
+    root = eval_root(params)
+    arms = {row: load_arm(root, label) for row, label in arm_labels(params).items()}
+    return {row: seeds for row, seeds in arms.items() if seeds}
+
+
+def test_notes(params: dict):
+    from mistill.world.notes import load_notes
+
+    path = Path(params["evaluate"]["test_notes"])
+    if not path.is_file():
+        raise UserError(f"{path}: no test notes")
+    return load_notes(path)
+
+
+def answers(records: dict, notes) -> list[list[str]]:
+    """Each note's scored answer: its parsed list when the generation is valid, else empty (App. K)."""
+    missing = [n.note_id for n in notes if n.note_id not in records]
+    if missing:
+        raise UserError(f"no generation for {len(missing)} test notes (e.g. {missing[0]})")
+    return [list(records[n.note_id].get("answer") or []) if records[n.note_id].get("valid") else [] for n in notes]
+
+
+def per_note_f1(arm: ArmSeed, notes) -> list[float]:
+    from mistill.evaluate.task import per_note_f1 as note_f1s
+
+    return note_f1s(answers(arm.generations, notes), [list(n.gold_codes) for n in notes])
+
+
+def completed_precision_recall(arm: ArmSeed, notes) -> list[float]:
+    """Corpus precision and recall over the notes whose generation is valid (App. L.1 "completed answers")."""
+    tp = fp = fn = 0
+    for note in notes:
+        record = arm.generations[note.note_id]
+        if not record.get("valid"):
+            continue
+        pred, gold = set(record.get("answer") or []), set(note.gold_codes)
+        tp, fp, fn = tp + len(pred & gold), fp + len(pred - gold), fn + len(gold - pred)
+    if tp + fp == 0 or tp + fn == 0:
+        raise UserError(f"{arm.path}: no completed answer with a prediction")
+    return [tp / (tp + fp), tp / (tp + fn)]
+
+
+def teacher_micro_f1(params: dict, notes) -> tuple[float, Path]:
+    """The teacher's corpus micro-F1 on the same test notes (its TR-008 traces, invalid = empty)."""
+    from mistill.evaluate.task import micro_f1
+    from mistill.io import read_jsonl
+
+    path = Path(params["evaluate"]["teacher_traces"])
+    if not path.is_file():
+        raise UserError(f"{path}: no teacher traces")
+    records = {r["note_id"]: r for r in read_jsonl(path)}
+    return micro_f1(answers(records, notes), [list(n.gold_codes) for n in notes]), path
+
+
+def seed_mean_sd(seeds: dict[int, ArmSeed], metric: str) -> tuple[float, float | None, list[float]]:
+    """Mean and sample s.d. (ddof 1; None under two seeds) of a task metric over seeds, and per seed."""
+    per_seed = [float(seeds[s].task[metric]) for s in sorted(seeds)]
+    return (statistics.fmean(per_seed), statistics.stdev(per_seed) if len(per_seed) > 1 else None, per_seed)
+
+
+def seeds_text(seeds: dict) -> str:
+    ordered = sorted(seeds)
+    return f"{len(ordered)} seed{'s' if len(ordered) != 1 else ''} ({', '.join(map(str, ordered))})"
+
+
+def where(seeds: dict[int, ArmSeed]) -> str:
+    first = seeds[min(seeds)]
+    return str(first.path.with_name(f"{first.label}-s*")) if len(seeds) > 1 else str(first.path)
+
+
+def m1_shares(arm: ArmSeed, kinds=KINDS) -> list[float] | None:
+    """P(margin > 0) per kind, pooled over the kind's events on the test notes (App. K, M1)."""
+    shares = [arm.m1.get(k, {}).get("p_margin_positive") for k in kinds]
+    if any(s is None or s != s for s in shares):
+        return None
+    return [float(s) for s in shares]
+
+
+def m1_text(arm: ArmSeed, kinds=KINDS) -> str:
+    counts = ", ".join(f"{k} {arm.m1.get(k, {}).get('events', 0)}" for k in kinds)
+    notes = {n for k in kinds for n in (arm.m1.get(k, {}).get("per_note_share") or {})}
+    return (f"M1: share of the teacher's events at which the student's margin is > 0, pooled over the events of "
+            f"{len(notes)} test notes with teacher events ({counts} events), [{', '.join(kinds)}]")
+
+
+def n_notes_text(arm: ArmSeed) -> str:
+    return f"{len(arm.generations)} test notes"
+
+
+def write(result_id: str, reader: str, values: dict, inputs: list[Path], params: dict) -> int:
+    """Write the registered keys; name (stderr) any computed key the registry does not know yet."""
+    from mistill.repro.numbers import write_numbers
+    from mistill.repro.registry import load_registry
+
+    known = set(load_registry().registered_keys(result_id))
+    unknown = sorted(set(values) - known)
+    if unknown:
+        print(f"{reader}: not registered for {result_id}, left out: {', '.join(unknown)}", file=sys.stderr)
+    values = {k: v for k, v in values.items() if k in known}
+    if not values:
+        raise UserError(f"{result_id}: no values (run the DT-eval stages: mistill evaluate generate/task/m1)")
+    path = write_numbers(result_id, values, reader=reader, inputs=sorted(set(map(str, inputs))), params=params)
+    print(f"{reader}: wrote {path} ({len(values)} values)")
+    return 0
+
+
+def main_for(result_id: str, reader: str, compute) -> int:
+    parser = argparse.ArgumentParser(description=f"{result_id} reader")
+    parser.add_argument("--profile", default=None, help="params.yaml profile (default: the active one)")
+    args = parser.parse_args()
+    try:
+        params = load_params(profile=args.profile)
+        values, inputs = compute(params)
+        return write(result_id, reader, values, inputs, params)
+    except UserError as err:
+        print(f"{reader}: error: {err}", file=sys.stderr)
+        return 2
