@@ -157,6 +157,11 @@ def test_training_resumes_exactly(setup, tmp_path):
     with pytest.raises(UserError, match="different run"):
         Trainer(_model(tok, seed=3, layers=2), _batches(setup, tok, arm), arm, other, tmp_path / "b",
                 pools=s_pools).run()
+    # ... unless the caller (a pipeline stage whose inputs changed) asks to start afresh
+    restarted = Trainer(_model(tok, seed=3, layers=2), _batches(setup, tok, arm), arm, other, tmp_path / "b",
+                        pools=s_pools, restart_if_different=True).run(max_steps=1)
+    assert [r["step"] for r in restarted] == [1]
+    assert not json.loads((tmp_path / "b" / "config.json").read_text())["resumed"]
 
 
 def test_mistill_attention_term_falls_during_short_training(setup, tmp_path):

@@ -45,7 +45,8 @@ def test_chain_writes_every_artifact(chain):
         faith = json.loads((m6 / "faithfulness2.json").read_text())
         assert faith["bins"] == [2, 4, 8] and len(faith["notes"]) == 4
         assert json.loads((m6 / "readside.json").read_text())["k"] == 3
-        assert (m6 / "timing.json").exists()
+        assert set(json.loads((m6 / "timing.json").read_text())["seconds"]) == {"knockin", "readside"}
+        assert set(json.loads((root / f"HD-S-{arm}-s0" / "timing.json").read_text())["seconds"]) == {"attribute"}
         for note in faith["notes"]:
             assert (m6 / note / "patch2.jsonl").exists() and (m6 / note / "readside.jsonl").exists()
 

@@ -67,7 +67,7 @@ def cmd_train(args) -> int:
     from mistill.distill import pools as pl
     from mistill.distill.targets import check_teacher, read_note_targets, teacher_fingerprint
     from mistill.distill.trainer import TrainConfig, Trainer
-    from mistill.io import provenance
+    from mistill.io import file_sha256, provenance
     from mistill.models.loading import load_model
 
     params = _params()
@@ -110,10 +110,13 @@ def cmd_train(args) -> int:
     campaign = "DT-001" if args.arm == "mistill" else "DT-000"
     out = Path(args.out) if args.out else Path(cfg["runs_dir"]) / campaign / \
         f"{Path(str(student_spec)).name}-{args.arm}-{precision}-s{seed}"
-    run_config = {"student": str(student_spec), "teacher": str(teacher_spec), "teacher_hash": manifest["teacher_hash"],
+    weights = Path(str(student_spec)) / "model.safetensors"
+    run_config = {"student": str(student_spec), "student_sha256": file_sha256(weights) if weights.exists() else None,
+                  "teacher": str(teacher_spec), "teacher_hash": manifest["teacher_hash"],
                   "targets": str(targets_dir), "pools": {p: v.as_dict() for p, v in (pools or {}).items()},
                   "provenance": provenance({"distill": cfg}, seed=seed)}
-    rows = Trainer(student, notes, arm, train_cfg, out, pools=pools, run_config=run_config).run(max_steps=args.max_steps)
+    rows = Trainer(student, notes, arm, train_cfg, out, pools=pools, run_config=run_config,
+                   restart_if_different=True).run(max_steps=args.max_steps)
     if hasattr(student_tok, "save") and (out / "model").exists():
         student_tok.save(out / "model")
     print(f"{args.arm}: {len(rows)} optimiser steps -> {out}")

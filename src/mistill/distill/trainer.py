@@ -149,13 +149,19 @@ def make_optimizer(model, cfg: TrainConfig, total_steps: int):
 
 
 class Trainer:
+    # what makes two runs the same run: a checkpoint is resumed only when all of these match
+    RUN_IDENTITY = ("arm", "train", "example_ids", "student_sha256", "teacher_hash", "pools")
+
     def __init__(self, model, notes: list[NoteBatch], arm: ArmConfig, cfg: TrainConfig, out_dir: Path, *,
-                 pools: dict[str, Pool] | None = None, run_config: dict | None = None):
+                 pools: dict[str, Pool] | None = None, run_config: dict | None = None, restart_if_different: bool = False):
+        """`restart_if_different`: a checkpoint of another run in `out_dir` is discarded and the run starts
+        afresh (what a pipeline stage wants once its inputs changed); by default it is refused."""
         if not notes:
             raise UserError("no training notes")
         if arm.arm == "mistill" and not pools:
             raise UserError("the mistill arm needs the student's head pools")
         self.arm, self.cfg, self.notes, self.pools = arm, cfg, notes, pools
+        self.restart_if_different = restart_if_different
         self.out_dir = Path(out_dir)
         self.model = prepare_model(model, cfg)
         self.device = next(self.model.parameters()).device
@@ -186,11 +192,16 @@ class Trainer:
         if not self.checkpoint_path.exists():
             return False
         state = torch.load(self.checkpoint_path, map_location=self.device, weights_only=False)
-        saved = {k: v for k, v in state["config"].items() if k != "resumed"}
-        if saved.get("arm") != self.run_config["arm"] or saved.get("train") != self.run_config["train"] \
-                or saved.get("example_ids") != self.run_config["example_ids"]:
-            raise UserError(f"{self.checkpoint_path}: a checkpoint of a different run (arm, recipe or notes differ); "
-                            "remove it or choose another output directory")
+        saved = state["config"]
+        differs = [k for k in self.RUN_IDENTITY if saved.get(k) != self.run_config.get(k)]
+        if differs:
+            if not self.restart_if_different:
+                raise UserError(f"{self.checkpoint_path}: a checkpoint of a different run ({', '.join(differs)} "
+                                "differ); remove it or choose another output directory")
+            print(f"{self.checkpoint_path}: a checkpoint of a different run ({', '.join(differs)} differ); "
+                  "starting afresh")
+            self.checkpoint_path.unlink()
+            return False
         self.model.load_state_dict(state["model"])
         self.opt.load_state_dict(state["optimizer"])
         self.sched.load_state_dict(state["scheduler"])

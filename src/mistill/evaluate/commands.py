@@ -67,7 +67,15 @@ def cmd_fidelity(args) -> int:
 
         torch.set_num_threads(int(args.threads))
         model, tok = load_model(args.model)
-        ids = [n for n in (args.note_ids.split(",") if args.note_ids else teacher)]
+        if args.note_ids:
+            ids = args.note_ids.split(",")
+        else:  # the test notes' teacher traces (the trace file also holds the training notes)
+            from mistill.world.notes import load_notes
+
+            ids = [n.note_id for n in load_notes(args.notes or cfg["test_notes"]) if n.note_id in teacher]
+        missing = [n for n in ids if n not in teacher]
+        if missing:
+            raise UserError(f"no teacher trace for {len(missing)} note(s) (e.g. {missing[0]})")
         nll = {n: fd.teacher_forced_nll(model, tok, teacher[n]["prompt"], teacher[n]["completion"]) for n in ids}
         out["ppl_median"] = fd.median_ppl(list(nll.values()))
         per_note["ppl"] = {n: fd.ppl_from_nll(v) for n, v in nll.items()}
@@ -128,7 +136,8 @@ def register(subparsers) -> None:
     p.add_argument("--model", help="the arm's model spec (teacher-trace PPL)")
     p.add_argument("--simulator", help="jsonl {note_id, with_rationale, note_only} of simulator answers (LAS)")
     p.add_argument("--teacher-traces", help="default: params evaluate.teacher_traces")
-    p.add_argument("--note-ids", help="comma list restricting the PPL notes")
+    p.add_argument("--notes", help="notes jsonl whose teacher traces the PPL reads (default: params evaluate.test_notes)")
+    p.add_argument("--note-ids", help="comma list of note ids instead of --notes")
     p.add_argument("--threads", default=2)
     p.add_argument("--out", required=True)
     p.set_defaults(func=cmd_fidelity)

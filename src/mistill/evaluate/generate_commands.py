@@ -103,7 +103,7 @@ def cmd_generate(args) -> int:
     import torch
     from tqdm import tqdm
 
-    from mistill.io import provenance, read_jsonl, write_json, write_jsonl
+    from mistill.io import file_sha256, provenance, read_jsonl, write_json, write_jsonl
     from mistill.models.demo_world import SHORTLIST, load_world
     from mistill.models.generation import Decoding
     from mistill.models.loading import load_model
@@ -127,9 +127,12 @@ def cmd_generate(args) -> int:
     attn = models.get("generation_attn_implementation") or models.get("attn_implementation", "eager")
     settings = {**decoding.as_dict(), "backend": "transformers", "attn_implementation": attn}
     out = Path(args.out)
+    weights = Path(spec) / "model.safetensors"
+    weights_sha256 = file_sha256(weights) if weights.exists() else None  # a retrained model at the same path
     done: dict[str, dict] = {}
-    if out.exists():  # resumable per note: keep records made by the same model with the same decoding
-        done = {r["note_id"]: r for r in read_jsonl(out) if r.get("model") == spec and r.get("decoding") == settings}
+    if out.exists():  # resumable per note: keep records made by the same weights with the same decoding
+        done = {r["note_id"]: r for r in read_jsonl(out) if r.get("model") == spec
+                and r.get("model_sha256") == weights_sha256 and r.get("decoding") == settings}
     todo = [n for n in notes if n.note_id not in done]
     if todo:
         model, tokenizer = load_model(spec, dtype=models.get("dtype"), attn_implementation=attn)
@@ -146,7 +149,7 @@ def cmd_generate(args) -> int:
                     "note_id": note.note_id, "prompt": prompt, "completion": gen["completion"],
                     "valid": parsed.valid, "hit_cap": parsed.hit_cap, "degenerate": parsed.degenerate,
                     "answer": list(parsed.answer), "n_new_tokens": gen["n_new_tokens"], "seed": seed,
-                    "decoding": settings, "model": spec,
+                    "decoding": settings, "model": spec, "model_sha256": weights_sha256,
                 }
             write_jsonl(out, [done[i] for i in order if i in done])
     records = [done[n.note_id] for n in notes]

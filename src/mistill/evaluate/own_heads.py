@@ -19,7 +19,8 @@ test notes (cross-fit, App. K):
     lift, M3 loop-back (N vs S), prefix share -> M6-<arm>-s<seed>/readside.json and
     <note>/readside.jsonl.
 
-Each stage is a pass over notes, resumable per note; `timing.json` records each stage's wall time.
+Each stage is a pass over notes, resumable per note; `timing.json` (in HD-S-... for the attribution, in
+M6-... for the readouts) records each stage's wall time.
 """
 
 from __future__ import annotations
@@ -386,9 +387,14 @@ def run_chain(model_spec: str, arm: str, seed: int, params: dict, *, stages: Seq
         else:
             readside_stage(model, tokenizer, teacher_tokenizer, cfg, hd_dir, m6_dir, params, limit=limit, force=force)
         timing[stage] = time.perf_counter() - start
-    previous = json.loads((m6_dir / "timing.json").read_text()).get("seconds", {}) \
-        if (m6_dir / "timing.json").exists() else {}
-    write_json(m6_dir / "timing.json", {"seconds": {**previous, **timing}, "model": str(model_spec), "arm": arm,
-                                        "seed": seed, "threads": torch.get_num_threads(),
-                                        "provenance": provenance(params, seed)})
+    # each directory records the stages that write it, so the attribution (HD-S) and the readouts (M6)
+    # can be separate pipeline stages with disjoint outputs
+    for directory, owned in ((hd_dir, ("attribute",)), (m6_dir, ("knockin", "readside"))):
+        part = {k: v for k, v in timing.items() if k in owned}
+        if not part:
+            continue
+        path = directory / "timing.json"
+        previous = json.loads(path.read_text()).get("seconds", {}) if path.exists() else {}
+        write_json(path, {"seconds": {**previous, **part}, "model": str(model_spec), "arm": arm, "seed": seed,
+                          "threads": torch.get_num_threads(), "provenance": provenance(params, seed)})
     return timing

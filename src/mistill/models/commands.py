@@ -2,6 +2,8 @@
 
     mistill models train-teacher   -> <models.teacher>/ (safetensors, config, tokenizer remap, training log)
     mistill models init-students   -> <models.student_qwen>/, <models.student_smol>/ (seeded random init)
+    mistill models pretrain-students
+                                   -> the same directories, pretrained (models.student_pretraining)
     mistill models traces --set TR-006|TR-007|TR-008
                                    -> <artifacts>/<set>/traces.jsonl and summary.json
 
@@ -190,24 +192,106 @@ def student_tokenizer(params: dict[str, Any], family: str):
     return demo_tokenizer(params, family)
 
 
+def _init_student(params: dict[str, Any], key: str, attn_implementation: str):
+    from mistill.models.architectures import TinyArchitecture, build_model
+
+    section = _models(params)
+    arch = TinyArchitecture.from_params(section["architectures"][key])
+    tokenizer = student_tokenizer(params, arch.family)
+    model = build_model(arch, vocab_size=tokenizer.vocab_size, eos_token_id=tokenizer.eos_token_id,
+                        pad_token_id=tokenizer.pad_token_id, seed=int(section.get("student_seed", 0)),
+                        attn_implementation=attn_implementation)
+    return arch, tokenizer, model
+
+
 def cmd_init_students(args) -> int:
     from mistill.io import provenance
-    from mistill.models.architectures import TinyArchitecture, build_model
     from mistill.params import load_params
 
     params = load_params()
     section = _models(params)
     seed = int(section.get("student_seed", 0))
     for key in ("student_qwen", "student_smol"):
-        arch = TinyArchitecture.from_params(section["architectures"][key])
-        tokenizer = student_tokenizer(params, arch.family)
-        model = build_model(arch, vocab_size=tokenizer.vocab_size, eos_token_id=tokenizer.eos_token_id,
-                            pad_token_id=tokenizer.pad_token_id, seed=seed,
-                            attn_implementation=section.get("attn_implementation", "eager"))
+        arch, tokenizer, model = _init_student(params, key, section.get("attn_implementation", "eager"))
         record = provenance({"models": section}, seed=seed, architecture=arch.as_dict(),
                             vocab_size=tokenizer.vocab_size, n_params=sum(p.numel() for p in model.parameters()))
-        out = save_model_dir(model, tokenizer, section[key], {"init.json": record})
+        out = save_model_dir(model, tokenizer, args.out_dir and Path(args.out_dir) / key or section[key],
+                             {"init.json": record})
         print(f"{key}: {record['n_params']} parameters, vocab {tokenizer.vocab_size} -> {out}")
+    return 0
+
+
+def pretraining_notes(params: dict[str, Any], world: Any) -> list:
+    """The students' pretraining notes: the world's note generator under its own seed
+    (`student_pretraining.notes_seed`), patients renamed `pretrain-...`, cut as prompts are.
+
+    They stand in for what an off-the-shelf student brings (App. J.1: Qwen3-4B and SmolLM3-3B are
+    pretrained models that have never been distilled from the teacher): no corpus patient, no teacher
+    trace and no RT-003 shortlist is among them."""
+    from dataclasses import replace
+
+    from mistill.models.demo_world import cut_for_prompt
+    from mistill.world.demo_notes import NoteGeneratorConfig, generate_notes
+
+    cfg = _models(params)["student_pretraining"]
+    notes_cfg = (params.get("world") or {}).get("notes") or {}
+    if notes_cfg.get("source") != "synthetic":
+        raise UserError("student pretraining needs world.notes.source: synthetic")
+    config = NoteGeneratorConfig.from_params({**notes_cfg, "n_patients": int(cfg["patients"]),
+                                              "second_note_share": 0.0, "split_shares": {"train": 1.0}})
+    notes = generate_notes(world.inventory, config, int(cfg["notes_seed"]))
+    return [cut_for_prompt(replace(n, note_id=f"pretrain-{n.note_id}", patient_id=f"pretrain-{n.patient_id}"))
+            for n in notes]
+
+
+def cmd_pretrain_students(args) -> int:
+    """Seeded init, then next-token training on scripted traces of the pretraining notes
+    (mistill.models.train_teacher.train, the teacher's recipe with the students' own budget)."""
+    from collections import Counter
+
+    import torch
+
+    from mistill.io import provenance
+    from mistill.models.demo_world import load_world
+    from mistill.models.train_teacher import build_examples, train
+    from mistill.params import load_params
+
+    params = load_params()
+    section = _models(params)
+    cfg = section.get("student_pretraining")
+    if not cfg:
+        raise UserError("params: models.student_pretraining is not set for this profile (the paper's students "
+                        "are loaded by id, not pretrained here)")
+    keys = args.students.split(",") if args.students else ["student_qwen", "student_smol"]
+    unknown = [k for k in keys if k not in (cfg.get("epochs") or {})]
+    if unknown:
+        raise UserError(f"student_pretraining.epochs has no entry for {', '.join(unknown)}")
+    _set_threads(section)
+    world = load_world(params)
+    notes = pretraining_notes(params, world)
+    device = _device(args.device or section.get("device"))
+    for key in keys:
+        arch, tokenizer, model = _init_student(params, key, cfg.get("attn_implementation", "sdpa"))
+        examples = build_examples(tokenizer, world, notes, seed=int(cfg["seed"]),
+                                  shortlist_share=float(cfg["shortlist_share"]),
+                                  shortlist_size=int(cfg["shortlist_size"]))
+        epochs = int(args.epochs if args.epochs is not None else cfg["epochs"][key])
+        run_cfg = {**cfg, "epochs": epochs, "max_steps": args.max_steps}
+        start = time.time()
+        log = train(model.to(device), examples, run_cfg, desc=key)
+        seconds = time.time() - start
+        model.config._attn_implementation = section.get("attn_implementation", "eager")
+        record = provenance({"models": section}, seed=int(cfg["seed"]), device=device, seconds=round(seconds, 1),
+                            architecture=arch.as_dict(), vocab_size=tokenizer.vocab_size,
+                            n_params=sum(p.numel() for p in model.parameters()), n_notes=len(notes),
+                            n_examples=len(examples), epochs=epochs,
+                            kinds=dict(Counter(ex.kind for ex in examples)),
+                            unknown_tokens=sum(i == tokenizer.unk_token_id for ex in examples for i in ex.ids),
+                            torch_threads=torch.get_num_threads())
+        out = Path(args.out_dir) / key if args.out_dir else Path(section[key])
+        save_model_dir(model.cpu(), tokenizer, out, {"pretraining_log.json": {"provenance": record, "steps": log}})
+        print(f"{key}: {record['n_params']} parameters, {len(examples)} examples, {len(log)} steps, "
+              f"final loss {log[-1]['loss']:.3f}, {seconds:.0f}s on {device} -> {out}")
     return 0
 
 
@@ -300,7 +384,17 @@ def register(subparsers) -> None:
     sub.set_defaults(func=cmd_train_teacher)
 
     sub = subparsers.add_parser("init-students", help="seeded random initialisation of the demo students")
+    sub.add_argument("--out-dir", help="write <out-dir>/<student key>/ instead of params models.<key>")
     sub.set_defaults(func=cmd_init_students)
+
+    sub = subparsers.add_parser("pretrain-students",
+                                help="pretrain the demo students on scripted traces of their own notes")
+    sub.add_argument("--students", help="comma list of params models keys (default: student_qwen,student_smol)")
+    sub.add_argument("--device", help="cpu, cuda or auto (default: params models.device)")
+    sub.add_argument("--epochs", type=int, help="override student_pretraining.epochs for every student")
+    sub.add_argument("--max-steps", type=int, help="stop after N optimiser steps (smoke runs, timing)")
+    sub.add_argument("--out-dir", help="write <out-dir>/<student key>/ instead of params models.<key>")
+    sub.set_defaults(func=cmd_pretrain_students)
 
     sub = subparsers.add_parser("traces", help="teacher traces of one trace set (TR-006, TR-007, TR-008)")
     sub.add_argument("--set", required=True, help="TR-006, TR-007 or TR-008")

@@ -172,7 +172,8 @@ def lr_at(step: int, total: int, peak: float, warmup_share: float) -> float:
     return peak * 0.5 * (1 + math.cos(math.pi * progress))
 
 
-def train(model: Any, examples: list[TeacherExample], config: dict[str, Any], *, progress: bool = True) -> list[dict]:
+def train(model: Any, examples: list[TeacherExample], config: dict[str, Any], *, progress: bool = True,
+          desc: str = "teacher") -> list[dict]:
     """Train in place; returns the per-step log (epoch, step, lr, loss, tokens, seconds)."""
     import torch
     from tqdm import tqdm
@@ -187,7 +188,7 @@ def train(model: Any, examples: list[TeacherExample], config: dict[str, Any], *,
     stop = min(total, int(config.get("max_steps") or total))
     model.train()
     log, step, start = [], 0, time.time()
-    bar = tqdm(total=stop, desc="teacher", unit="step", disable=not progress)
+    bar = tqdm(total=stop, desc=desc, unit="step", disable=not progress)
     for epoch in range(epochs):
         for batch in make_batches(examples, batch_size, random.Random(seed * 1_000_003 + epoch)):
             if step >= stop:
@@ -204,7 +205,7 @@ def train(model: Any, examples: list[TeacherExample], config: dict[str, Any], *,
                         "kind": batch[0].kind, "seconds": round(time.time() - start, 2)})
             step += 1
             bar.update(1)
-            bar.set_postfix(epoch=epoch, loss=f"{float(loss):.3f}")
+            bar.set_postfix(epoch=epoch, loss=f"{float(loss.detach()):.3f}")
     bar.close()
     model.eval()
     return log
