@@ -21,7 +21,9 @@ from mistill.evaluate.readout import (
     m1_shares,
     m1_text,
     main_for,
+    paired_text,
     per_note_f1,
+    per_note_mean_over_seeds,
     seed_mean_sd,
     seeds_text,
     teacher_micro_f1,
@@ -31,19 +33,6 @@ from mistill.evaluate.readout import (
 )
 
 READER = "readers/r_d2.py"
-
-
-def paired_text(comparison, what: str) -> str:
-    iv = comparison.mean_difference
-    return (f"{what}: mean over {comparison.n} test notes of the per-note F1 difference (seeds averaged per note), "
-            f"{iv.confidence:.0%} percentile bootstrap [{iv.low:+.4f}, {iv.high:+.4f}] ({iv.n_resamples} resamples, "
-            f"seed {iv.seed}); Wilcoxon p {comparison.wilcoxon.p_value:.3g}, sign test p {comparison.sign.p_value:.3g}")
-
-
-def per_note_mean_over_seeds(seeds, notes):
-    from mistill.stats import mean_over_seeds
-
-    return mean_over_seeds({s: per_note_f1(arm, notes) for s, arm in seeds.items()})
 
 
 def compute_values(params: dict) -> tuple[dict, list[Path]]:

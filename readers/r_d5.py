@@ -25,14 +25,15 @@ from mistill.evaluate.readout import (
     m1_shares,
     m1_text,
     main_for,
+    paired_text,
     per_note_f1,
+    per_note_mean_over_seeds,
     seed_mean_sd,
     seeds_text,
     test_notes,
     value,
     where,
 )
-from r_d2 import paired_text, per_note_mean_over_seeds  # noqa: E402
 
 READER = "readers/r_d5.py"
 

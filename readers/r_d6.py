@@ -10,15 +10,13 @@ profile's (evaluate.own_heads.bins, teacher_k) and each value's statistic says w
 
 from __future__ import annotations
 
-import argparse
 import json
-import sys
 from pathlib import Path
 
 from mistill.errors import UserError
 from mistill.evaluate.compare import arm_values, clustered, seed_dirs, seed_medians
 from mistill.evaluate.own_heads import OwnHeadsConfig
-from mistill.params import load_params
+from mistill.evaluate.readout import main_for
 from mistill.stats import StatsParams
 
 READER = "readers/r_d6.py"
@@ -125,24 +123,5 @@ def compute_values(params: dict) -> tuple[dict, list[Path]]:
     return v, inputs
 
 
-def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--profile", default=None, help="params.yaml profile (default: the active one)")
-    args = parser.parse_args()
-    from mistill.repro.numbers import write_numbers
-
-    try:
-        params = load_params(profile=args.profile)
-        values, inputs = compute_values(params)
-        if not values:
-            raise UserError("R-D6: no own-heads artifacts (M6-<arm>-s<seed>/); run `mistill evaluate own-heads`")
-        path = write_numbers("R-D6", values, reader=READER, inputs=inputs, params=params)
-    except UserError as err:
-        print(f"{READER}: error: {err}", file=sys.stderr)
-        return 2
-    print(f"{READER}: wrote {path} ({len(values)} values)")
-    return 0
-
-
 if __name__ == "__main__":
-    raise SystemExit(main())
+    raise SystemExit(main_for("R-D6", READER, compute_values))

@@ -187,7 +187,7 @@ def write(result_id: str, reader: str, values: dict, inputs: list[Path], params:
         print(f"{reader}: not registered for {result_id}, left out: {', '.join(unknown)}", file=sys.stderr)
     values = {k: v for k, v in values.items() if k in known}
     if not values:
-        raise UserError(f"{result_id}: no values (run the DT-eval stages: mistill evaluate generate/task/m1)")
+        raise UserError(f"{result_id}: no registered value could be read (build its inputs: dvc repro {result_id})")
     path = write_numbers(result_id, values, reader=reader, inputs=sorted(set(map(str, inputs))), params=params)
     print(f"{reader}: wrote {path} ({len(values)} values)")
     return 0
@@ -204,3 +204,16 @@ def main_for(result_id: str, reader: str, compute) -> int:
     except UserError as err:
         print(f"{reader}: error: {err}", file=sys.stderr)
         return 2
+
+
+def paired_text(comparison, what: str) -> str:
+    iv = comparison.mean_difference
+    return (f"{what}: mean over {comparison.n} test notes of the per-note F1 difference (seeds averaged per note), "
+            f"{iv.confidence:.0%} percentile bootstrap [{iv.low:+.4f}, {iv.high:+.4f}] ({iv.n_resamples} resamples, "
+            f"seed {iv.seed}); Wilcoxon p {comparison.wilcoxon.p_value:.3g}, sign test p {comparison.sign.p_value:.3g}")
+
+
+def per_note_mean_over_seeds(seeds, notes):
+    from mistill.stats import mean_over_seeds
+
+    return mean_over_seeds({s: per_note_f1(arm, notes) for s, arm in seeds.items()})
