@@ -67,6 +67,15 @@ def compute_values(params: dict) -> tuple[dict, list[Path]]:
                 v["smollm_random40_floor_p2c"] = _value(floors[1], floor_stat.replace("; [P1, P2C]", ", P2C"),
                                                         where(row))
 
+    # the invariant behind every cell (App. C, K): knocking in all of an arm's heads restores its clean margin
+    gaps = [phase["all_heads_minus_clean_max_abs"] for d in inputs
+            for phase in json.loads((d / "faithfulness2.json").read_text())["phases"].values()
+            if phase.get("all_heads_minus_clean_max_abs") is not None]
+    if gaps:
+        v["own_all_heads_knockin_minus_clean_max_abs"] = _value(
+            max(gaps), "nats, max |all-heads knock-in margin - clean margin| over arms, seeds, phases and events",
+            f"{root}/M6-*")
+
     teacher_path = Path(section.get("teacher_faithfulness", ""))
     if teacher_path.is_file():
         tk = str(section.get("teacher_k"))

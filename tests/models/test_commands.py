@@ -87,9 +87,22 @@ def test_bad_input(world, capsys):
     assert main(["models", "traces", "--set", "TR-006", "--model", "nobody-here/no-such-model"]) == 2
     assert "unknown model id" in capsys.readouterr().err
     assert not (world / "artifacts" / "TR-006").exists()  # nothing half-written
-    # the paper profile's teacher is loaded by id, not trained
+    # no training recipe for a local teacher directory: nothing could make it
     assert main(["models", "train-teacher"]) == 2
     assert "teacher_training" in capsys.readouterr().err
+    assert main(["models", "pretrain-students", "--students", "teacher"]) == 2
+    assert "student_pretraining" in capsys.readouterr().err
+
+
+def test_paper_profile_models_are_loaded_by_id_so_training_stages_do_nothing(world, capsys):
+    params = yaml.safe_load((world / "params.yaml").read_text())
+    params["demo"]["models"].update({"teacher": "Qwen/Qwen3-14B", "student_qwen": "Qwen/Qwen3-4B",
+                                     "student_smol": "HuggingFaceTB/SmolLM3-3B", "student_pretraining": None})
+    (world / "params.yaml").write_text(yaml.safe_dump(params))
+    assert main(["models", "train-teacher"]) == 0
+    assert "Qwen/Qwen3-14B is loaded by id" in capsys.readouterr().out
+    assert main(["models", "pretrain-students"]) == 0
+    assert "Qwen/Qwen3-4B, HuggingFaceTB/SmolLM3-3B are loaded by id" in capsys.readouterr().out
 
 
 def test_save_model_dir_replaces_atomically(world):
@@ -131,3 +144,23 @@ def test_teacher_notes_hold_out_corpus_patients_and_add_generator_notes(tmp_path
     assert len(extra) == 3 and all(n.patient_id.startswith("teacher-") for n in extra)
     assert [n.note_id for n in extra] == [n.note_id for n in extra_teacher_notes(params, world)]  # seeded
     assert {n.note_id for n in notes} >= {n.note_id for n in extra}
+
+
+def test_student_pretraining_notes_are_their_own_and_seeded(tmp_path):
+    from mistill.models.commands import extra_teacher_notes, pretraining_notes
+    from mistill.models.demo_world import load_world
+
+    write_jsonl(tmp_path / "artifacts" / "data" / "inventory.jsonl", CODES)
+    params = {"paths": {"artifacts": str(tmp_path / "artifacts")},
+              "world": {"notes": {"source": "synthetic", "min_gold": 1, "max_gold": 2}},
+              "models": {"student_pretraining": {"patients": 4, "notes_seed": 2},
+                         "teacher_training": {"extra_patients": 4, "extra_seed": 1}}}
+    world = load_world(params)
+    notes = pretraining_notes(params, world)
+    assert len(notes) == 4 and all(n.patient_id.startswith("pretrain-") for n in notes)
+    assert [n.text for n in notes] == [n.text for n in pretraining_notes(params, world)]  # seeded
+    # another seed than the teacher's extra notes: the students never see a teacher training note
+    assert not {n.text for n in notes} & {n.text for n in extra_teacher_notes(params, world)}
+    params["world"]["notes"]["source"] = "mimiciv"
+    with pytest.raises(Exception, match="synthetic"):
+        pretraining_notes(params, world)

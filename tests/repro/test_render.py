@@ -79,6 +79,16 @@ def test_normal_mode_shows_question_marks_and_says_which(registry, results, tmp_
     assert "tables/table2.md" not in report.missing
 
 
+def test_a_shorter_per_seed_list_leaves_the_absent_seeds_missing(registry, results, tmp_path):
+    """A profile with fewer seeds than the paper's (the demo trains one) fills the seeds it has."""
+    write_fixture(results, "R-D6", paper_values(registry, "R-D6", smollm_fp32_vanilla_own_p2c_seeds=[0.419]))
+    report = render(registry, results, tmp_path / "build")
+    t3 = (tmp_path / "build" / "tables" / "table3.md").read_text()
+    smollm_rows = t3.split("SmolLM3-3B")[1]  # the second "Vanilla CoT-KD (fp32), seeds" row
+    assert md_row(smollm_rows, "Vanilla CoT-KD (fp32), seeds")[3] == "0.419 / ??"
+    assert "R-D6.smollm_fp32_vanilla_own_p2c_seeds[1]" in report.missing["tables/table3.md"]
+
+
 def test_strict_mode_fails_on_a_missing_number_and_writes_nothing(registry, results, tmp_path):
     (results / "R-D27.json").unlink()
     with pytest.raises(UserError) as err:

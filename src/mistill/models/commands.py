@@ -29,6 +29,13 @@ def _models(params: dict[str, Any]) -> dict[str, Any]:
     return section
 
 
+def _loaded_by_id(section: dict[str, Any], keys: list[str]) -> bool:
+    """Whether every model named by `keys` is a Hugging Face id (loaded, never trained here)."""
+    from mistill.models.loading import is_local_spec
+
+    return all(section.get(k) and not is_local_spec(str(section[k])) for k in keys)
+
+
 def _set_threads(section: dict[str, Any]) -> None:
     import torch
 
@@ -139,8 +146,11 @@ def cmd_train_teacher(args) -> int:
     section = _models(params)
     cfg = section.get("teacher_training")
     if not cfg:
-        raise UserError("params: models.teacher_training is not set for this profile (the paper's teacher is "
-                        "loaded by id, not trained)")
+        if _loaded_by_id(section, ["teacher"]):  # the paper profile: the stage has nothing to do
+            print(f"teacher: {section['teacher']} is loaded by id under this profile; nothing to train")
+            return 0
+        raise UserError("params: models.teacher_training is not set for this profile, and models.teacher is a "
+                        "local directory: set teacher_training or point models.teacher at a model id")
     _set_threads(section)
     arch = TinyArchitecture.from_params(section["architectures"]["teacher"])
     world = load_world(params)
@@ -259,10 +269,14 @@ def cmd_pretrain_students(args) -> int:
     params = load_params()
     section = _models(params)
     cfg = section.get("student_pretraining")
-    if not cfg:
-        raise UserError("params: models.student_pretraining is not set for this profile (the paper's students "
-                        "are loaded by id, not pretrained here)")
     keys = args.students.split(",") if args.students else ["student_qwen", "student_smol"]
+    if not cfg:
+        if _loaded_by_id(section, keys):  # the paper profile: the stage has nothing to do
+            print(f"students: {', '.join(str(section[k]) for k in keys)} are loaded by id under this profile; "
+                  "nothing to pretrain")
+            return 0
+        raise UserError("params: models.student_pretraining is not set for this profile, and a student is a local "
+                        "directory: set student_pretraining or point the students at model ids")
     unknown = [k for k in keys if k not in (cfg.get("epochs") or {})]
     if unknown:
         raise UserError(f"student_pretraining.epochs has no entry for {', '.join(unknown)}")

@@ -197,11 +197,12 @@ def _lookup(registry: Registry, numbers: dict[str, NumbersFile], digits: dict[tu
         record = numbers.get(result_id)
         value = record.values[key]["value"] if record and key in record.values else None
         if value is not None and index is not None:
-            if not isinstance(value, list) or not -len(value) <= index < len(value):
-                raise UserError(f"{template}: {result_id}.{key} has no element {index} (value {value!r})")
-            value = value[index]
+            if not isinstance(value, list):
+                raise UserError(f"{template}: {result_id}.{key} is not a list (value {value!r})")
+            # a per-seed list of a profile with fewer seeds than the paper's: the absent seeds are missing
+            value = value[index] if -len(value) <= index < len(value) else None
         if value is None:
-            missing.append(f"{result_id}.{key}")
+            missing.append(f"{result_id}.{key}" + (f"[{index}]" if index is not None else ""))
         return Cell(result_id, key, value, digits.get((result_id, key), DEFAULT_DIGITS))
     return v
 
