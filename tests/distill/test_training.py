@@ -97,6 +97,28 @@ def test_teacher_targets_reproduced_by_an_independent_route(setup):
         assert np.allclose(arrays["P1_rows"][row_i], brute, atol=1e-5)
 
 
+def test_targets_pass_reuses_only_files_written_from_the_same_inputs(setup, tmp_path):
+    """Resumable per note, but a note's file made from other pools (or events, trace, window) is recomputed."""
+    import shutil
+
+    out = tmp_path / "targets"
+    shutil.copytree(setup["out"], out)
+    traces = [t for t in setup["traces"] if t["note_id"] == "n1"]
+    hs = _head_sets(3, 4, 0)
+    before = (out / "n1.npz").stat().st_mtime_ns
+    kwargs = dict(window=8, topk=8, teacher_id="tiny-teacher", provenance={})
+    tg.compute_targets(setup["teacher"], setup["tok"], traces, setup["events_dir"], out, pl.build_pools(hs, 6),
+                       pl.build_pool(hs, "prose", 6), **kwargs)
+    assert (out / "n1.npz").stat().st_mtime_ns == before  # same inputs: kept
+    tg.compute_targets(setup["teacher"], setup["tok"], traces, setup["events_dir"], out, pl.build_pools(hs, 4),
+                       pl.build_pool(hs, "prose", 6), **kwargs)
+    _, arrays = tg.read_note_targets(out / "n1.npz")
+    _, original = tg.read_note_targets(setup["out"] / "n1.npz")
+    assert (out / "n1.npz").stat().st_mtime_ns != before  # other pools: recomputed ...
+    assert not np.allclose(arrays["P1_rows"], original["P1_rows"])  # ... with the new pools' rows
+    assert "input_key" not in arrays
+
+
 def test_targets_refuse_events_free_trace_and_other_teacher(setup, tmp_path):
     write_jsonl(setup["events_dir"] / "empty" / "events.jsonl", [{"kind": "NULL", "anchor": 3}])
     traces = [{"note_id": "empty", "prompt": setup["note_prompt"], "completion": setup["completion"], "valid": True}]

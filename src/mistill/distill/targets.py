@@ -111,6 +111,7 @@ def read_note_targets(path: Path) -> tuple[dict, dict[str, np.ndarray]]:
     with np.load(path) as data:
         arrays = {k: data[k] for k in data.files}
     meta = json.loads(arrays.pop("meta").tobytes().decode())
+    arrays.pop("input_key", None)
     return meta, arrays
 
 
@@ -126,9 +127,30 @@ def check_teacher(manifest_path: Path, teacher_hash: str, teacher_id: str) -> di
     return manifest
 
 
+def target_key(teacher_hash: str, trace: dict, events_path: Path, pools: dict[str, Pool], prose_pool: Pool | None,
+               window: int, topk: int) -> str:
+    """sha256 over everything a note's targets are computed from: a stored file is reused only if it matches."""
+    events = events_path.read_bytes() if events_path.exists() else b""
+    parts = [teacher_hash, trace["prompt"], trace["completion"], hashlib.sha256(events).hexdigest(),
+             json.dumps({p: pool.as_dict() for p, pool in sorted(pools.items())}, sort_keys=True),
+             json.dumps(prose_pool.as_dict() if prose_pool else None, sort_keys=True), str(window), str(topk),
+             str(TARGET_FORMAT)]
+    return hashlib.sha256("\0".join(parts).encode()).hexdigest()
+
+
+def stored_key(path: Path) -> str | None:
+    """The input key a targets file was written with (None: absent, unreadable or written before keys)."""
+    try:
+        with np.load(path) as data:
+            return data["input_key"].tobytes().decode() if "input_key" in data.files else None
+    except (OSError, ValueError, EOFError):
+        return None  # a missing or truncated file is recomputed
+
+
 def compute_targets(model, tokenizer, traces: list[dict], events_dir: Path, out_dir: Path, pools: dict[str, Pool],
                     prose_pool: Pool | None, *, window: int, topk: int, teacher_id: str, provenance: dict) -> dict:
-    """The pass over training notes; resumable per note (a note whose file exists is kept)."""
+    """The pass over training notes; resumable per note: a note's file is kept only when it was written from
+    the same teacher, trace, events, pools, window and top-k (`target_key`), else it is recomputed."""
     out_dir.mkdir(parents=True, exist_ok=True)
     teacher_hash = teacher_fingerprint(model)
     manifest_path = out_dir / "manifest.json"
@@ -141,11 +163,13 @@ def compute_targets(model, tokenizer, traces: list[dict], events_dir: Path, out_
             skipped.append({"note_id": note_id, "why": "invalid teacher trace"})
             continue
         path = out_dir / f"{note_id}.npz"
-        if not path.exists():
-            events = load_events(events_dir / note_id / "events.jsonl", note_id)
+        events_path = events_dir / note_id / "events.jsonl"
+        key = target_key(teacher_hash, trace, events_path, pools, prose_pool, window, topk)
+        if stored_key(path) != key:
+            events = load_events(events_path, note_id)
             arrays = note_targets(model, tokenizer, trace["prompt"], trace["completion"], events, pools, prose_pool,
                                   window=window, topk=topk, note_id=note_id)
-            write_npz(path, **arrays)
+            write_npz(path, **arrays, input_key=np.frombuffer(key.encode(), dtype=np.uint8))
         done.append(note_id)
     manifest = {"format": TARGET_FORMAT, "teacher_id": teacher_id, "teacher_hash": teacher_hash,
                 "window": window, "topk": topk, "notes": done, "skipped": skipped,
