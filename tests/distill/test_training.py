@@ -184,6 +184,12 @@ def test_training_resumes_exactly(setup, tmp_path):
                         pools=s_pools, restart_if_different=True).run(max_steps=1)
     assert [r["step"] for r in restarted] == [1]
     assert not json.loads((tmp_path / "b" / "config.json").read_text())["resumed"]
+    # the same recipe on other targets (or other initial weights) is another run too
+    Trainer(_model(tok, seed=3, layers=2), _batches(setup, tok, arm), arm, cfg, tmp_path / "c", pools=s_pools,
+            run_config={"targets_sha256": "a"}).run(max_steps=1)
+    with pytest.raises(UserError, match="targets_sha256"):
+        Trainer(_model(tok, seed=3, layers=2), _batches(setup, tok, arm), arm, cfg, tmp_path / "c", pools=s_pools,
+                run_config={"targets_sha256": "b"}).run()
 
 
 def test_mistill_attention_term_falls_during_short_training(setup, tmp_path):

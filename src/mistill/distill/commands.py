@@ -61,6 +61,8 @@ def cmd_targets(args) -> int:
 
 
 def cmd_train(args) -> int:
+    import hashlib
+
     import torch
 
     from mistill.distill import arms
@@ -111,8 +113,12 @@ def cmd_train(args) -> int:
     out = Path(args.out) if args.out else Path(cfg["runs_dir"]) / campaign / \
         f"{Path(str(student_spec)).name}-{args.arm}-{precision}-s{seed}"
     weights = Path(str(student_spec)) / "model.safetensors"
+    # the targets' content, not only their directory: a run resumes only on the same targets
+    targets_sha256 = hashlib.sha256("".join(f"{n}:{file_sha256(targets_dir / f'{n}.npz')};"
+                                            for n in manifest["notes"]).encode()).hexdigest()
     run_config = {"student": str(student_spec), "student_sha256": file_sha256(weights) if weights.exists() else None,
                   "teacher": str(teacher_spec), "teacher_hash": manifest["teacher_hash"],
+                  "targets_sha256": targets_sha256,
                   "targets": str(targets_dir), "pools": {p: v.as_dict() for p, v in (pools or {}).items()},
                   "provenance": provenance({"distill": cfg}, seed=seed)}
     rows = Trainer(student, notes, arm, train_cfg, out, pools=pools, run_config=run_config,

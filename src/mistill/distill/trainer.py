@@ -150,7 +150,7 @@ def make_optimizer(model, cfg: TrainConfig, total_steps: int):
 
 class Trainer:
     # what makes two runs the same run: a checkpoint is resumed only when all of these match
-    RUN_IDENTITY = ("arm", "train", "example_ids", "student_sha256", "teacher_hash", "pools")
+    RUN_IDENTITY = ("arm", "train", "example_ids", "student_sha256", "teacher_hash", "targets_sha256", "pools")
 
     def __init__(self, model, notes: list[NoteBatch], arm: ArmConfig, cfg: TrainConfig, out_dir: Path, *,
                  pools: dict[str, Pool] | None = None, run_config: dict | None = None, restart_if_different: bool = False):
