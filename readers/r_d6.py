@@ -69,7 +69,7 @@ def compute_values(params: dict) -> tuple[dict, list[Path]]:
 
     # the invariant behind every cell (App. C, K): knocking in all of an arm's heads restores its clean margin
     gaps = [phase["all_heads_minus_clean_max_abs"] for d in inputs
-            for phase in json.loads((d / "faithfulness2.json").read_text())["phases"].values()
+            for phase in json.loads((d / "faithfulness2.json").read_text()).get("phases", {}).values()
             if phase.get("all_heads_minus_clean_max_abs") is not None]
     if gaps:
         v["own_all_heads_knockin_minus_clean_max_abs"] = _value(

@@ -77,7 +77,8 @@ def write_m6(root: Path, label: str, seed: int, values: dict[str, float], lift: 
     for note, v in values.items():
         write_jsonl(m6 / note / "patch2.jsonl", [_row(kind, 0.0, 2.0, 2.0 * v, 0.2, k) for kind in ("P2C", "P2")]
                     + [_row("P1", 0.0, 2.0, 1.8, 0.1, k)])
-    write_json(m6 / "faithfulness2.json", {"notes": list(values), "bins": [k]})
+    write_json(m6 / "faithfulness2.json", {"notes": list(values), "bins": [k], "phases": {
+        "P1": {"all_heads_minus_clean_max_abs": 2e-6}, "P2C": {"all_heads_minus_clean_max_abs": 1e-5 * (seed + 1)}}})
     per_note = {n: {"lift": x} for n, x in lift.items()}
     write_json(m6 / "readside.json", {"phases": {p: {"per_note": {"top": per_note, "random": per_note}}
                                                  for p in ("P1", "P2C")}})
@@ -153,6 +154,8 @@ def test_reader_values_and_numbers_file(arms, monkeypatch):
     assert values["qwen_mistill_minus_fp32_vanilla_p2c"]["value"] == pytest.approx(c["mean_difference"])
     assert "qwen_m2_mistill_minus_fp32_vanilla_p1" in values and "qwen_mistill_minus_fp32_vanilla_p2" in values
     assert not any(k.startswith("smollm") for k in values)  # no SmolLM3 arm present: no SmolLM3 key
+    seeds = max(len(cmp.seed_dirs(arms, a)) for a in ("q-untrained", "q-vanilla", "q-mistill"))
+    assert values["own_all_heads_knockin_minus_clean_max_abs"]["value"] == pytest.approx(1e-5 * seeds)
     from mistill.repro.numbers import read_numbers, write_numbers
 
     monkeypatch.chdir(REPO)
