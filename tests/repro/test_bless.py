@@ -58,6 +58,25 @@ def test_hand_set_tolerance_survives_rebless(scratch_root, monkeypatch):
     assert tol.absolute == 0.5
 
 
+def test_rebless_keeps_an_invariants_expected_value(scratch_root, monkeypatch):
+    """An invariant (e.g. all-heads knock-in minus clean margin = 0) stays the invariant, not the last
+    run's rounding error; other values move with the run."""
+    monkeypatch.chdir(scratch_root)
+    results = scratch_root / "results"
+    write_fixture(results, "R-C1", demo_values(median_p1_margin=3.2, p1_event_count=41), profile="demo")
+    main(["repro", "bless", "R-C1", "--profile", "demo", "--results", str(results)])
+    path = results / "expected" / "demo.yaml"
+    data = yaml.load(path.read_text(), Loader=LOADER)
+    data["expected"]["R-C1"]["median_p1_margin"].update(
+        value=0.0, tolerance={"absolute": 1e-4, "basis": "invariant (by construction)"})
+    path.write_text(yaml.safe_dump(data, sort_keys=False))
+    write_fixture(results, "R-C1", demo_values(median_p1_margin=2e-5, p1_event_count=42), profile="demo")
+    main(["repro", "bless", "R-C1", "--profile", "demo", "--results", str(results)])
+    golden = load_registry(scratch_root).expected("demo").values["R-C1"]
+    assert golden["median_p1_margin"].value == 0.0 and golden["median_p1_margin"].tolerance.absolute == 1e-4
+    assert golden["p1_event_count"].value == 42
+
+
 def test_paper_values_cannot_be_blessed(scratch_root, registry, monkeypatch, capsys):
     from tests.repro.repro_helpers import paper_values
 
