@@ -118,21 +118,29 @@ def extra_teacher_notes(params: dict[str, Any], world: Any) -> list:
     """Extra synthetic notes for the teacher alone (`teacher_training.extra_patients`): the world's note
     generator under its own seed, patients renamed `teacher-...`, so they share no id with any corpus.
     They stand in for the pretraining a real teacher brings; no student and no pass ever sees them."""
-    from dataclasses import replace
-
     cfg = _models(params)["teacher_training"]
     n_extra = int(cfg.get("extra_patients") or 0)
-    notes_cfg = (params.get("world") or {}).get("notes") or {}
     if not n_extra:
         return []
+    return generated_notes(params, world, n_extra, int(cfg["extra_seed"]), "teacher",
+                           what="teacher_training.extra_patients")
+
+
+def generated_notes(params: dict[str, Any], world: Any, n_patients: int, seed: int, prefix: str, *,
+                    what: str) -> list:
+    """`n_patients` notes of the world's generator under `seed`, one per patient, note and patient ids
+    prefixed `<prefix>-` so they share no id with any corpus."""
+    from dataclasses import replace
+
+    notes_cfg = (params.get("world") or {}).get("notes") or {}
     if notes_cfg.get("source") != "synthetic":
-        raise UserError("teacher_training.extra_patients needs world.notes.source: synthetic")
+        raise UserError(f"{what} needs world.notes.source: synthetic")
     from mistill.world.demo_notes import NoteGeneratorConfig, generate_notes
 
-    config = NoteGeneratorConfig.from_params({**notes_cfg, "n_patients": n_extra, "second_note_share": 0.0,
+    config = NoteGeneratorConfig.from_params({**notes_cfg, "n_patients": n_patients, "second_note_share": 0.0,
                                               "split_shares": {"train": 1.0}})
-    notes = generate_notes(world.inventory, config, int(cfg["extra_seed"]))
-    return [replace(n, note_id=f"teacher-{n.note_id}", patient_id=f"teacher-{n.patient_id}") for n in notes]
+    return [replace(n, note_id=f"{prefix}-{n.note_id}", patient_id=f"{prefix}-{n.patient_id}")
+            for n in generate_notes(world.inventory, config, seed)]
 
 
 def cmd_train_teacher(args) -> int:
@@ -202,6 +210,11 @@ def student_tokenizer(params: dict[str, Any], family: str):
     return demo_tokenizer(params, family)
 
 
+def _student_dir(args, section: dict[str, Any], key: str) -> Path:
+    """<--out-dir>/<key> when given, else the profile's models.<key> directory."""
+    return Path(args.out_dir) / key if args.out_dir else Path(section[key])
+
+
 def _init_student(params: dict[str, Any], key: str, attn_implementation: str):
     from mistill.models.architectures import TinyArchitecture, build_model
 
@@ -225,8 +238,7 @@ def cmd_init_students(args) -> int:
         arch, tokenizer, model = _init_student(params, key, section.get("attn_implementation", "eager"))
         record = provenance({"models": section}, seed=seed, architecture=arch.as_dict(),
                             vocab_size=tokenizer.vocab_size, n_params=sum(p.numel() for p in model.parameters()))
-        out = save_model_dir(model, tokenizer, args.out_dir and Path(args.out_dir) / key or section[key],
-                             {"init.json": record})
+        out = save_model_dir(model, tokenizer, _student_dir(args, section, key), {"init.json": record})
         print(f"{key}: {record['n_params']} parameters, vocab {tokenizer.vocab_size} -> {out}")
     return 0
 
@@ -238,20 +250,12 @@ def pretraining_notes(params: dict[str, Any], world: Any) -> list:
     They stand in for what an off-the-shelf student brings (App. J.1: Qwen3-4B and SmolLM3-3B are
     pretrained models that have never been distilled from the teacher): no corpus patient, no teacher
     trace and no RT-003 shortlist is among them."""
-    from dataclasses import replace
-
     from mistill.models.demo_world import cut_for_prompt
-    from mistill.world.demo_notes import NoteGeneratorConfig, generate_notes
 
     cfg = _models(params)["student_pretraining"]
-    notes_cfg = (params.get("world") or {}).get("notes") or {}
-    if notes_cfg.get("source") != "synthetic":
-        raise UserError("student pretraining needs world.notes.source: synthetic")
-    config = NoteGeneratorConfig.from_params({**notes_cfg, "n_patients": int(cfg["patients"]),
-                                              "second_note_share": 0.0, "split_shares": {"train": 1.0}})
-    notes = generate_notes(world.inventory, config, int(cfg["notes_seed"]))
-    return [cut_for_prompt(replace(n, note_id=f"pretrain-{n.note_id}", patient_id=f"pretrain-{n.patient_id}"))
-            for n in notes]
+    notes = generated_notes(params, world, int(cfg["patients"]), int(cfg["notes_seed"]), "pretrain",
+                            what="student pretraining")
+    return [cut_for_prompt(n) for n in notes]
 
 
 def cmd_pretrain_students(args) -> int:
@@ -302,7 +306,7 @@ def cmd_pretrain_students(args) -> int:
                             kinds=dict(Counter(ex.kind for ex in examples)),
                             unknown_tokens=sum(i == tokenizer.unk_token_id for ex in examples for i in ex.ids),
                             torch_threads=torch.get_num_threads())
-        out = Path(args.out_dir) / key if args.out_dir else Path(section[key])
+        out = _student_dir(args, section, key)
         save_model_dir(model.cpu(), tokenizer, out, {"pretraining_log.json": {"provenance": record, "steps": log}})
         print(f"{key}: {record['n_params']} parameters, {len(examples)} examples, {len(log)} steps, "
               f"final loss {log[-1]['loss']:.3f}, {seconds:.0f}s on {device} -> {out}")
