@@ -67,18 +67,29 @@ class TfidfEncoder:
     """Demo encoder: TF-IDF (unigrams and bigrams, sublinear tf) fitted on training chunks and descriptions.
 
     The vocabulary is capped at the `max_features` most frequent terms, which
-    keeps the head's [max; mean] features small enough to fit in seconds.
+    keeps the head's [max; mean] features small enough to fit in seconds.  The
+    cap is chosen here, by (total count desc, term asc): scikit-learn's own cap
+    orders tied counts with an unstable argsort whose order depends on the CPU's
+    SIMD sort, so two machines would keep different vocabularies.
     """
 
     def __init__(self, max_features: int | None = 1500) -> None:
-        from sklearn.feature_extraction.text import TfidfVectorizer
-
-        self.vectorizer = TfidfVectorizer(ngram_range=(1, 2), sublinear_tf=True, max_features=max_features)
+        self.max_features = max_features
+        self.vectorizer = None
 
     def fit(self, texts: Sequence[str]) -> None:
+        from sklearn.feature_extraction.text import CountVectorizer, TfidfVectorizer
+
+        counter = CountVectorizer(ngram_range=(1, 2))
+        counts = np.asarray(counter.fit_transform(texts).sum(axis=0)).ravel()
+        terms = counter.get_feature_names_out()
+        keep = np.lexsort((terms, -counts))[:self.max_features]   # lexsort is stable: ties by term
+        self.vectorizer = TfidfVectorizer(ngram_range=(1, 2), sublinear_tf=True, vocabulary=sorted(terms[keep]))
         self.vectorizer.fit(texts)
 
     def encode(self, texts: Sequence[str]) -> np.ndarray:
+        if self.vectorizer is None:
+            raise UserError("shortlist: the TF-IDF encoder is not fitted")
         return _l2(self.vectorizer.transform(texts).toarray().astype(np.float64))
 
 
@@ -137,11 +148,19 @@ class RetrieverConfig:
                    int(params["rrf_k"]), float(params["lr_c"]), params.get("tfidf_max_features"))
 
 
+# Scores are rounded to this many decimals before ranking: BLAS kernels differ between CPUs in
+# summation order, so mathematically tied scores (sibling codes with one description vector)
+# differ in their last bits from machine to machine; rounded, they tie exactly and the shared
+# order breaks the tie.
+SCORE_DECIMALS = 9
+
+
 def _ranks(scores: np.ndarray) -> np.ndarray:
-    """Rank 1 = best; ties by index (the shared order), so rankings are deterministic."""
-    order = np.lexsort((np.arange(len(scores)), -scores))
-    ranks = np.empty(len(scores), dtype=np.int64)
-    ranks[order] = np.arange(1, len(scores) + 1)
+    """Rank 1 = best; scores rounded to SCORE_DECIMALS, ties by index (the shared order)."""
+    rounded = np.round(np.asarray(scores, dtype=np.float64), SCORE_DECIMALS)
+    order = np.lexsort((np.arange(len(rounded)), -rounded))
+    ranks = np.empty(len(rounded), dtype=np.int64)
+    ranks[order] = np.arange(1, len(rounded) + 1)
     return ranks
 
 
@@ -184,7 +203,8 @@ class Retriever:
         intercepts = np.zeros(len(self.inventory))
         for column in np.flatnonzero(self.trained_codes):
             # one binary L2 logistic regression per code; liblinear's dual solver suits n_notes << n_features
-            model = LogisticRegression(C=self.config.lr_c, solver="liblinear", dual=True, max_iter=2000)
+            model = LogisticRegression(C=self.config.lr_c, solver="liblinear", dual=True, max_iter=2000,
+                                       random_state=0)   # liblinear shuffles: seeded, not the global RNG
             model.fit(features, labels[:, column])
             weights[column], intercepts[column] = model.coef_[0], model.intercept_[0]
         self.head = (weights, intercepts)
@@ -204,7 +224,7 @@ class Retriever:
         trained = self.trained_codes
         if trained.any():
             head_ranks = np.zeros(len(head), dtype=np.int64)
-            head_ranks[trained] = _ranks(head[trained])
+            head_ranks[trained] = _ranks(logits[trained])   # logits: the probability saturates at 1.0
             fused = fused + np.where(trained, 1.0 / (k + head_ranks), 0.0)
         return fused, head, zero_shot
 
