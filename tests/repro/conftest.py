@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from mistill.repro.registry import Registry, load_registry
-from tests.repro.repro_helpers import REPO
+from tests.repro.repro_helpers import REPO, commit_all
 
 
 @pytest.fixture(scope="session")
@@ -24,3 +24,10 @@ def scratch_root(tmp_path: Path) -> Path:
     shutil.copy(REPO / "registry.yaml", root / "registry.yaml")
     shutil.copy(REPO / "results" / "expected" / "paper.yaml", root / "results" / "expected" / "paper.yaml")
     return root
+
+
+@pytest.fixture
+def git_root(scratch_root: Path) -> Path:
+    """The scratch copy as a git work tree with everything committed: what `bless` needs (a clean tree)."""
+    commit_all(scratch_root, init=True)
+    return scratch_root

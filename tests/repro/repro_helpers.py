@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import subprocess
 from pathlib import Path
 
 from mistill.repro.registry import Registry
@@ -28,3 +29,14 @@ def write_fixture(results_dir: Path, result_id: str, values: dict, profile: str 
     path.write_text(json.dumps({"id": result_id, "profile": profile, "reader": "fixture", "inputs": {},
                                 "values": values, "code_version": "test", "params_sha256": "0" * 64}))
     return path
+
+
+def commit_all(root: Path, *, init: bool = False) -> None:
+    """Commit every file under `root` (a throwaway repository; `init` creates it)."""
+    def git(*args: str) -> None:
+        subprocess.run(["git", "-C", str(root), "-c", "user.name=test", "-c", "user.email=test@example.org",
+                        "-c", "commit.gpgsign=false", *args], check=True, capture_output=True)
+    if init:
+        git("init", "-q")
+    git("add", "-A")
+    git("commit", "-q", "--allow-empty", "-m", "fixture")

@@ -55,15 +55,18 @@ class CheckReport:
         return any(line.fails for line in self.lines)
 
     def count(self, verdict: str) -> int:
+        """Lines about one value (not about a whole result) with this verdict."""
         return sum(1 for line in self.lines if line.verdict == verdict and line.key != "*")
 
     def summary(self) -> str:
-        missing_results = [line for line in self.lines if line.key == "*"]
+        # An error is one whether it concerns a value or a whole file (malformed, wrong profile, unknown id).
+        errors = sum(1 for line in self.lines if line.verdict == ERROR)
+        missing_results = [line for line in self.lines if line.key == "*" and line.verdict == NOT_REPRODUCED]
         required_missing = sum(1 for line in missing_results if line.fails)
         parts = [f"{self.count(PASS)} pass", f"{self.count(FAIL)} fail",
                  f"{self.count(NOT_REPRODUCED)} values not reproduced",
                  f"{self.count(NO_EXPECTED)} without expected values",
-                 f"{self.count(ERROR)} errors",
+                 f"{errors} errors",
                  f"{len(missing_results)} results not reproduced ({required_missing} required)"]
         verdict = "FAILED" if self.failed else "OK"
         return f"profile {self.profile}, {self.results_dir}: " + ", ".join(parts) + f" -> {verdict}"

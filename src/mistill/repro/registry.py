@@ -264,22 +264,44 @@ def _load_yaml(path: Path) -> dict[str, Any]:
     return data
 
 
+# Words that name what a number measures.  A unit is matched as a whole word ("percentile" is
+# not "percent"), and units come first: "nats, 10th percentile" is in nats.
+UNIT_WORDS = {"nats": "nats", "percent": "percent"}
+DISCRETE_WORDS = ("layer", "rank", "ranks", "lambda", "pre-fixed", "heads")
+QUANTITY_WORDS = ("token", "tokens", "minute", "minutes", "second", "seconds", "gib", "questions", "problems",
+                  "codes")
+# What a statistic is taken over or of starts here ("macro-F1 over tail codes" is a macro-F1, not codes).
+POPULATION_WORDS = ("over", "of", "at", "per", "before", "in", "for", "on", "within", "across")
+
+
+def statistic_words(stat: str) -> list[str]:
+    """The whole words of a statistic, lower case, without its parenthesised aside."""
+    head = stat.lower().split("(")[0]
+    return re.findall(r"%|[a-z0-9]+(?:-[a-z0-9]+)*", head)
+
+
 def infer_kind(name: str, value, stat: str) -> str:
-    """What sort of number a value is; selects its default tolerance."""
-    s = stat.lower()
-    head = s.split("(")[0]
-    elems = value if isinstance(value, list) else [value]
-    all_int = all(isinstance(x, int) for x in elems)
-    if name.endswith("_p") or s == "p" or "sign-test p" in s or s.startswith("p-value"):
+    """What sort of number a value is, read from the whole words of its statistic; selects its default tolerance.
+
+    In order: a p-value (key ending ``_p``, or a statistic that is "p", "sign-test p", "p-value ..."); a unit
+    anywhere in the statistic (nats, then percent; "%" only as its first word); a choice named by the statistic's first word (layer, rank,
+    lambda, heads); a quantity named before what the statistic is taken over (tokens, minutes, GiB, codes);
+    else a count when every element is an integer, and a share otherwise.
+    """
+    words = statistic_words(stat)
+    if name.endswith("_p") or words[-1:] == ["p"] or words[:1] == ["p-value"]:
         return "p_value"
-    if "percent" in head or head.startswith("%"):
+    for unit, kind in UNIT_WORDS.items():
+        if unit in words:
+            return kind
+    if words[:1] == ["%"]:
         return "percent"
-    if "nats" in head:
-        return "nats"
-    if re.match(r"(layer|ranks?\b|lambda|pre-fixed|heads\b)", head):
+    if words[:1] and words[0] in DISCRETE_WORDS:
         return "discrete"
-    if any(w in head for w in ("token", "minute", "second", "gib", "questions", "problems", "codes")):
+    subject = words[:next((i for i, w in enumerate(words) if w in POPULATION_WORDS), len(words))]
+    if any(w in QUANTITY_WORDS for w in subject):
         return "quantity"
-    if all_int:
+    elements = flatten(value) or []
+    if elements and all(isinstance(x, int) for x in elements):
         return "count"
     return "share"

@@ -60,7 +60,15 @@ def render_registry_md(registry: Registry) -> str:
         for kind, spec in kinds.items():
             out.append(f"| {cls} | {kind} | {spec.get('absolute', 0)} | {spec.get('relative', 0)} | "
                        f"{_md(spec.get('basis', ''))} |")
-    out += ["", "## Index", "", "| id | status | where | values (paper / demo) |", "|---|---|---|---|"]
+    out += ["", "## Tolerance of every expected value", "",
+            ("What `mistill repro check` holds each expected value to: the tolerance its kind and class resolve "
+             "to (the default above, or the entry's own), after any printed-rounding widening."), ""]
+    for profile in registry.profiles:
+        out += [f"Profile **{profile}**:", "", "| id | key | kind | class | tolerance |", "|---|---|---|---|---|"]
+        out += [f"| {rid} | `{key}` | {exp.kind} | {exp.cls} | {exp.tolerance.describe()} |"
+                for rid, keys in registry.expected(profile).values.items() for key, exp in keys.items()]
+        out.append("")
+    out += ["## Index", "", "| id | status | where | values (paper / demo) |", "|---|---|---|---|"]
     for rid, result in registry.results.items():
         counts = " / ".join(str(len(registry.expected(p).values.get(rid, {}))) for p in ("paper", "demo")
                             if p in registry.profiles)

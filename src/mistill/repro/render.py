@@ -7,10 +7,15 @@ value).  It is rendered twice, as LaTeX (``tables/<name>.tex``) and as Markdown
 readable on a code host (``tables/<name>.md``), through the shared layout
 ``_layout.j2``.  ``macros.tex`` holds one ``\newcommand`` per registered value.
 
-A cell whose number no numbers file holds shows ``??`` and is reported; in
-strict mode it is an error.  A template naming an id it did not declare, or a
-key the registry does not know, is an error in both modes.  Nothing is written
-until every output has rendered.
+A cell whose number no numbers file holds shows ``??`` and is reported.  In
+strict mode a missing number is an error when the active profile claims it: a
+profile claims the results whose registry status it requires (registry.yaml
+``profiles.<p>.required_statuses``: on the demo, status ``demo``) and of those
+the values it records expected values for.  Every other gap (a paper-only
+result, a paper-only key or seed of a demo result) shows ``??`` in both modes
+and is counted in the summary.  A template naming an id it did not declare, or
+a key the registry does not know, is an error in both modes.  Nothing is
+written until every output has rendered.
 """
 
 from __future__ import annotations
@@ -53,8 +58,44 @@ class Joined:
 
 @dataclass
 class RenderReport:
+    profile: str
     outputs: dict[Path, str] = field(default_factory=dict)
-    missing: dict[str, list[str]] = field(default_factory=dict)    # output name -> "id.key" missing
+    missing: dict[str, list[str]] = field(default_factory=dict)    # output name -> "id.key" ("id.key[i]") shown ??
+    claimed: set[str] = field(default_factory=set)                 # of those, the numbers the profile claims
+
+    def shown_missing(self) -> set[str]:
+        return {m for ms in self.missing.values() for m in ms}
+
+    def summary(self) -> str:
+        shown = self.shown_missing()
+        claimed = shown & self.claimed
+        return (f"profile {self.profile}: ?? for {len(shown)} number(s), {len(claimed)} of them claimed by the "
+                f"profile, {len(shown) - len(claimed)} not claimed (results, keys or seeds it does not produce)")
+
+
+def claimed_numbers(registry: Registry, profile: str) -> dict[str, dict[str, Any]]:
+    """What `profile` claims to produce: id -> key -> its expected value under the profile (None if none recorded).
+
+    The results whose status the profile requires; of each, the keys the profile records expected values
+    for, or every registered key where it records none.
+    """
+    statuses = registry.required_statuses(profile)
+    expected = registry.expected(profile).values
+    claims: dict[str, dict[str, Any]] = {}
+    for rid, result in registry.results.items():
+        if result.status in statuses:
+            recorded = expected.get(rid)
+            claims[rid] = ({key: exp.value for key, exp in recorded.items()} if recorded
+                           else dict.fromkeys(registry.registered_keys(rid)))
+    return claims
+
+
+def is_claimed(claims: dict[str, dict[str, Any]], result_id: str, key: str, index: int | None = None) -> bool:
+    """Whether the profile claims this number (element `index` of a list value: only within its claimed length)."""
+    if key not in claims.get(result_id, {}):
+        return False
+    value = claims[result_id][key]
+    return index is None or not isinstance(value, list) or -len(value) <= index < len(value)
 
 
 def load_numbers(registry: Registry, results_dir: str | Path, profile: str) -> dict[str, NumbersFile]:
@@ -85,7 +126,8 @@ def render_paper(registry: Registry, *, results_dir: str | Path, out_dir: str | 
     env.globals["pm"] = lambda mean, sd: Joined((mean, " ± ", sd))
     env.globals["floor"] = lambda value, floor_value: Joined((value, " (", floor_value, ")"))
     env.globals["seeds"] = lambda *cells: Joined(tuple(_interleave(cells, " / ")))
-    report = RenderReport()
+    claims = claimed_numbers(registry, profile)
+    report = RenderReport(profile)
     out_dir = Path(out_dir)
 
     templates = sorted(p for p in tables_dir.glob("*.j2") if not p.name.startswith("_"))
@@ -96,7 +138,7 @@ def render_paper(registry: Registry, *, results_dir: str | Path, out_dir: str | 
         reads = _declared_reads(template_path, registry)
         for fmt in FORMATS:
             missing: list[str] = []
-            lookup = _lookup(registry, numbers, digits, reads, template_path.name, missing)
+            lookup = _lookup(registry, numbers, digits, reads, template_path.name, missing, claims, report.claimed)
             try:
                 text = env.get_template(template_path.name).render(v=lookup, fmt=fmt)
             except jinja2.TemplateError as err:
@@ -111,12 +153,12 @@ def render_paper(registry: Registry, *, results_dir: str | Path, out_dir: str | 
     report.outputs[out_dir / "macros.tex"] = macros_text
     if macros_missing:
         report.missing["macros.tex"] = macros_missing
+        report.claimed.update(m for m in macros_missing if is_claimed(claims, *m.split(".", 1)))
 
-    if strict and report.missing:
-        first = next(iter(report.missing.items()))
-        total = len({m for ms in report.missing.values() for m in ms})
-        raise UserError(f"strict: {total} number(s) missing, e.g. {first[0]} needs {', '.join(first[1][:3])}"
-                        " (run their stages, or render without --strict)")
+    if strict and report.claimed:
+        raise UserError(f"strict: profile {profile} claims numbers that no numbers file holds: "
+                        f"{_by_result(sorted(report.claimed), numbers)} (run their stages, or render without "
+                        "--strict)")
     for path, text in report.outputs.items():
         with atomic_open(path, "w", encoding="utf-8") as fh:
             fh.write(text)
@@ -185,8 +227,22 @@ def _format_number(value: Any, digits: int, fmt: str) -> str:
     return text
 
 
+def _by_result(labels: list[str], numbers: dict[str, NumbersFile]) -> str:
+    """'R-C2 (no numbers file; 21 value(s): key_a, key_b, key_c, ...)' per result, from 'id.key' labels."""
+    keys: dict[str, list[str]] = {}
+    for label in labels:
+        rid, key = label.split(".", 1)
+        keys.setdefault(rid, []).append(key)
+    parts = []
+    for rid, names in keys.items():
+        why = "no numbers file; " if rid not in numbers else ""
+        shown = ", ".join(names[:3]) + (", ..." if len(names) > 3 else "")
+        parts.append(f"{rid} ({why}{len(names)} value(s): {shown})")
+    return ", ".join(parts)
+
+
 def _lookup(registry: Registry, numbers: dict[str, NumbersFile], digits: dict[tuple[str, str], int],
-            reads: list[str], template: str, missing: list[str]):
+            reads: list[str], template: str, missing: list[str], claims: dict[str, dict[str, Any]], claimed: set[str]):
     def v(result_id: str, key: str, index: int | None = None) -> Cell:
         if result_id not in registry.results:
             raise UserError(f"{template}: unknown result id {result_id!r}")
@@ -202,7 +258,10 @@ def _lookup(registry: Registry, numbers: dict[str, NumbersFile], digits: dict[tu
             # a per-seed list of a profile with fewer seeds than the paper's: the absent seeds are missing
             value = value[index] if -len(value) <= index < len(value) else None
         if value is None:
-            missing.append(f"{result_id}.{key}" + (f"[{index}]" if index is not None else ""))
+            label = f"{result_id}.{key}" + (f"[{index}]" if index is not None else "")
+            missing.append(label)
+            if is_claimed(claims, result_id, key, index):
+                claimed.add(label)
         return Cell(result_id, key, value, digits.get((result_id, key), DEFAULT_DIGITS))
     return v
 

@@ -1,0 +1,91 @@
+"""Strict rendering is scoped to what the active profile claims: its required statuses' results, its keys."""
+
+import pytest
+
+from mistill.cli import main
+from mistill.errors import UserError
+from mistill.repro.render import MISSING, claimed_numbers, render_paper
+from tests.repro.repro_helpers import REPO, write_fixture
+
+TEMPLATES = REPO / "paper" / "templates"
+
+
+@pytest.fixture
+def demo_results(registry, tmp_path):
+    """A numbers file for every result the demo profile claims (status demo), at its demo expected values."""
+    d = tmp_path / "results"
+    for rid, keys in registry.expected("demo").values.items():
+        assert registry.results[rid].status == "demo"
+        write_fixture(d, rid, {key: {"value": exp.value, "statistic": exp.stat, "artifact": "fixture"}
+                               for key, exp in keys.items()}, profile="demo")
+    return d
+
+
+def render(registry, results, out, strict):
+    return render_paper(registry, results_dir=results, out_dir=out, templates_dir=TEMPLATES, profile="demo",
+                        strict=strict)
+
+
+def md_row(text, label):
+    return next(line for line in text.splitlines() if line.startswith(f"| {label} |")).split(" | ")
+
+
+def test_the_demo_claims_its_demo_results_and_their_demo_keys(registry):
+    claims = claimed_numbers(registry, "demo")
+    assert sorted(claims) == ["R-C1", "R-C2", "R-C3", "R-C4", "R-D1", "R-D2", "R-D5", "R-D6"]
+    assert list(claims["R-C3"]) == list(registry.expected("demo").values["R-C3"])
+    assert "knockin_top40_p1" not in claims["R-C3"]          # a paper-only key of a demo result
+    paper = claimed_numbers(registry, "paper")
+    assert "R-C9" in paper and "R-D27" not in paper           # status paper is claimed, planned is not
+
+
+def test_strict_passes_when_every_claimed_number_is_present(registry, demo_results, tmp_path):
+    report = render(registry, demo_results, tmp_path / "build", strict=True)
+    assert report.claimed == set()
+    shown = report.shown_missing()
+    assert "R-C3.knockin_top40_p1" in shown and "R-D27.mean_of_per_seed_medians" in shown
+    assert "R-D6.smollm_fp32_vanilla_own_p2c_seeds[1]" in shown    # the demo trains one seed of the paper's three
+    assert report.summary() == (f"profile demo: ?? for {len(shown)} number(s), 0 of them claimed by the profile, "
+                                f"{len(shown)} not claimed (results, keys or seeds it does not produce)")
+    t1 = (tmp_path / "build" / "tables" / "table1.md").read_text()
+    assert md_row(t1, "top-8")[1:] == ["1.38", "0.57", "0.87 |"]        # demo values of keys the demo claims
+    assert md_row(t1, "top-40")[1:] == [MISSING, MISSING, f"{MISSING} |"]  # the paper's k=40 is not the demo's
+
+
+def test_strict_names_the_result_and_keys_of_a_missing_claimed_number(registry, demo_results, tmp_path):
+    (demo_results / "R-C2.json").unlink()
+    with pytest.raises(UserError) as err:
+        render(registry, demo_results, tmp_path / "build", strict=True)
+    n = len(registry.expected("demo").values["R-C2"])
+    assert str(err.value) == (
+        "strict: profile demo claims numbers that no numbers file holds: R-C2 (no numbers file; "
+        f"{n} value(s): all_heads_knockin_minus_clean_margin, all_heads_knockin_minus_clean_max_abs, "
+        "attr_vs_exact_corr_detached_above_noise, ...) (run their stages, or render without --strict)")
+    assert not (tmp_path / "build").exists()
+    # Without --strict the same gap renders as ?? and is counted as claimed.
+    report = render(registry, demo_results, tmp_path / "build", strict=False)
+    assert f"{n} of them claimed by the profile" in report.summary()
+
+
+def test_strict_names_a_claimed_key_missing_from_a_present_file(registry, demo_results, tmp_path):
+    values = {key: {"value": exp.value, "statistic": exp.stat, "artifact": "fixture"}
+              for key, exp in registry.expected("demo").values["R-C3"].items() if key != "necessity_top8_p1"}
+    write_fixture(demo_results, "R-C3", values, profile="demo")
+    with pytest.raises(UserError, match=r"claims numbers that no numbers file holds: R-C3 \(1 value\(s\): "
+                                        r"necessity_top8_p1\)"):
+        render(registry, demo_results, tmp_path / "build", strict=True)
+
+
+def test_cli_strict_passes_and_prints_the_summary_then_fails_naming_r_c2(demo_results, tmp_path, monkeypatch,
+                                                                         capsys):
+    monkeypatch.chdir(REPO)
+    args = ["repro", "render", "--strict", "--profile", "demo", "--results", str(demo_results),
+            "--out", str(tmp_path / "build")]
+    assert main(args) == 0
+    out, err = capsys.readouterr()
+    assert "0 of them claimed by the profile" in err and "?? for" not in err.split("profile demo:")[0]
+    assert out.startswith("wrote 7 files under")
+    (demo_results / "R-C2.json").unlink()
+    assert main(args) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "R-C2 (no numbers file;" in err and "all_heads_knockin_minus_clean_margin" in err
