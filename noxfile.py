@@ -35,23 +35,28 @@ def slow(session: nox.Session) -> None:
 
 @nox.session
 def check_tolerances(session: nox.Session) -> None:
-    """Every numbers file against its profile's expected values; `-- R-D6 ...` restricts to ids."""
+    """Every numbers file against its profile's expected values (`-- R-D6 ...` restricts to ids), then
+    the privacy guard over results/ and paper/build/."""
     session.run("mistill", "repro", "check", *session.posargs)
+    session.run("mistill", "repro", "privacy")
 
 
 @nox.session
 def paper(session: nox.Session) -> None:
-    """Rebuild paper/build (tables and macros) from results/; `-- --strict` fails on a missing number."""
+    """Rebuild paper/build (tables and macros) from results/ (`-- --strict` fails on a missing number),
+    then the privacy guard over results/ and paper/build/."""
     session.run("mistill", "repro", "render", *session.posargs)
+    session.run("mistill", "repro", "privacy")
 
 
 @nox.session
 def repro(session: nox.Session) -> None:
-    """The demo end to end: `dvc repro` (all stages or the ids given), then the checks, then the paper."""
+    """The demo end to end: `dvc repro` (all stages or the ids given), the checks, the paper, the privacy guard."""
     ids = list(session.posargs)
     session.run("dvc", "repro", *ids)
     session.run("mistill", "repro", "check", *ids)
     session.run("mistill", "repro", "render")
+    session.run("mistill", "repro", "privacy")
 
 
 @nox.session

@@ -3,7 +3,7 @@
     mistill repro check [IDS...] [--profile P] [--results DIR]
     mistill repro render [--strict] [--results DIR] [--out paper/build] [--templates paper/templates]
     mistill repro registry-md [--check]
-    mistill repro bless IDS... [--profile P] [--results DIR]
+    mistill repro bless IDS... [--accept-breach REASON] [--profile P] [--results DIR]
 """
 
 from __future__ import annotations
@@ -22,7 +22,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     check.set_defaults(func=cmd_check)
 
     render = subparsers.add_parser("render", help="rebuild paper tables and macros from the numbers files")
-    render.add_argument("--strict", action="store_true", help="fail on any missing number instead of showing ??")
+    render.add_argument("--strict", action="store_true",
+                        help="fail on a missing number of a result the profile claims (others show ??)")
     render.add_argument("--out", type=Path, default=Path("paper/build"), help="output directory")
     render.add_argument("--templates", type=Path, default=Path("paper/templates"), help="template directory")
     _common(render)
@@ -34,6 +35,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
     bless = subparsers.add_parser("bless", help="record current numbers as the profile's goldens")
     bless.add_argument("ids", nargs="+", metavar="ID")
+    bless.add_argument("--accept-breach", metavar="REASON",
+                       help="bless even though values breach the current goldens; the reason is recorded")
     _common(bless)
     bless.set_defaults(func=cmd_bless)
 
@@ -42,6 +45,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     read.add_argument("id", metavar="ID")
     read.add_argument("reader_args", nargs=argparse.REMAINDER, help="passed to the reader")
     read.set_defaults(func=cmd_read)
+
+    from mistill.repro.privacy import register as register_privacy  # `mistill repro privacy`
+    register_privacy(subparsers)
 
 
 def _common(parser: argparse.ArgumentParser) -> None:
@@ -81,8 +87,11 @@ def cmd_render(args: argparse.Namespace) -> int:
     report = render_paper(registry, results_dir=results, out_dir=args.out, templates_dir=args.templates,
                           profile=profile, strict=args.strict)
     for target, missing in report.missing.items():
-        shown = ", ".join(missing[:6]) + (f", ... ({len(missing)} in all)" if len(missing) > 6 else "")
-        print(f"{target}: ?? for {shown}", file=sys.stderr)
+        claimed = [m for m in missing if m in report.claimed]
+        if claimed:
+            shown = ", ".join(claimed[:6]) + (f", ... ({len(claimed)} in all)" if len(claimed) > 6 else "")
+            print(f"{target}: ?? for {shown}", file=sys.stderr)
+    print(report.summary(), file=sys.stderr)
     print(f"wrote {len(report.outputs)} files under {args.out}")
     return 0
 
@@ -110,10 +119,13 @@ def cmd_bless(args: argparse.Namespace) -> int:
 
     registry = load_registry()
     profile, results = _resolve(args)
-    changes = bless(registry, args.ids, profile=profile, results_dir=results)
-    for line in changes:
+    blessing = bless(registry, args.ids, profile=profile, results_dir=results, accept_breach=args.accept_breach)
+    for line in blessing.changes:
         print(line)
-    print(f"blessed {', '.join(args.ids)} into results/expected/{profile}.yaml ({len(changes)} values changed)")
+    for rid, breached in blessing.accepted.items():
+        print(f"{rid}: accepted {len(breached)} breach(es) ({args.accept_breach}), recorded in its provenance")
+    print(f"blessed {', '.join(args.ids)} into results/expected/{profile}.yaml "
+          f"({len(blessing.changes)} values changed)")
     write_registry_md(registry)     # REGISTRY.md shows the goldens: keep it current
     return 0
 

@@ -10,7 +10,11 @@
 
 Every reader writes it with `write_numbers` (atomically, after validating the
 id and keys against the registry) and the checker and renderer read it with
-`read_numbers`.
+`read_numbers`.  Both hold `statistic` and `artifact` to their whitelist grammar
+(`mistill.repro.text_fields`): a numbers file is shared, so its text may describe
+a number, never quote a note.  Under a profile whose `privacy.hash_note_ids` is
+true, per-note input paths (and artifact fields) name notes by a keyed hash
+(`mistill.repro.privacy.NotePseudonyms`), never by their ids.
 """
 
 from __future__ import annotations
@@ -20,12 +24,14 @@ import json
 import math
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
-from pathlib import Path
+from pathlib import Path, PurePath
 from typing import Any
 
 from mistill.errors import UserError
 from mistill.io import code_version, file_sha256, write_json
+from mistill.repro.privacy import NotePseudonyms, PrivacySettings, note_pseudonyms
 from mistill.repro.registry import Registry, load_registry
+from mistill.repro.text_fields import artifact_problem, statistic_problem
 
 REQUIRED_FIELDS = ("id", "profile", "reader", "inputs", "values", "code_version")
 VALUE_FIELDS = ("value", "statistic", "artifact")
@@ -56,7 +62,9 @@ def write_numbers(result_id: str, values: Mapping[str, Mapping[str, Any]], *, re
     `params` is the active profile's section (`mistill.params.load_params()`);
     its `profile` names the profile and its `paths.results` the directory unless
     `results_dir` is given.  Keys must be the profile's expected keys for this id
-    when the profile records any, else keys the registry knows for it.
+    when the profile records any, else keys the registry knows for it.  With
+    `privacy.hash_note_ids`, note ids in input paths and artifact fields become
+    pseudonyms (the note files of `privacy.notes`, relative to `root`, must exist).
     """
     registry = registry or load_registry(root)
     result = registry.get(result_id)
@@ -75,11 +83,17 @@ def write_numbers(result_id: str, values: Mapping[str, Mapping[str, Any]], *, re
         clean[key] = _clean_value(result_id, key, record)
     if results_dir is None:
         results_dir = Path(root) / params.get("paths", {}).get("results", "results")
+    input_hashes = hash_inputs(inputs)
+    pseudonyms = _note_pseudonyms(params, root)
+    if pseudonyms is not None:
+        input_hashes = {pseudonyms.path(path): digest for path, digest in input_hashes.items()}
+        for entry in clean.values():
+            entry["artifact"] = pseudonyms.artifact(entry["artifact"])
     record = {
         "id": result.id,
         "profile": profile,
         "reader": str(reader),
-        "inputs": hash_inputs(inputs),
+        "inputs": input_hashes,
         "values": clean,
         "code_version": code_version(),
         "params_sha256": params_sha256(params),
@@ -143,6 +157,12 @@ def hash_inputs(inputs: Iterable[str | Path]) -> dict[str, str]:
     return hashes
 
 
+def _note_pseudonyms(params: Mapping[str, Any], root: str | Path) -> NotePseudonyms | None:
+    """The profile's note pseudonyms when `privacy.hash_note_ids` is set, else None."""
+    settings = PrivacySettings.from_params(params)
+    return note_pseudonyms(settings, root) if settings.hash_note_ids else None
+
+
 def params_sha256(params: Mapping[str, Any]) -> str:
     return hashlib.sha256(json.dumps(params, sort_keys=True, default=str).encode()).hexdigest()
 
@@ -157,7 +177,14 @@ def _clean_value(result_id: str, key: str, record: Any) -> dict[str, Any]:
     if value is None:
         raise UserError(f"{result_id}.{key}: value must be a finite number or a list of them, "
                         f"got {record['value']!r}")
-    return {"value": value, "statistic": str(record["statistic"]), "artifact": str(record["artifact"])}
+    text = {"statistic": record["statistic"], "artifact": record["artifact"]}
+    if isinstance(text["artifact"], PurePath):
+        text["artifact"] = str(text["artifact"])
+    for name, problem in (("statistic", statistic_problem), ("artifact", artifact_problem)):
+        why = problem(text[name])
+        if why:
+            raise UserError(f"{result_id}.{key}: {name} {why}")
+    return {"value": value, **text}
 
 
 def _plain_number(value: Any) -> Any:
