@@ -34,7 +34,7 @@ def compute_values(params: dict) -> tuple[dict, list[Path]]:
         if row not in arms:
             continue
         arm = arms[row][min(arms[row])]
-        answers(arm.generations, notes)  # every test note generated
+        answers(arm.generations, notes, arm.path / "generations.jsonl")  # every test note generated
         inputs += arm.files()
         note = f"untrained student, {len(notes)} test notes, one sample per note (per-note seeds)"
         v[f"{prefix}_microf1"] = value(arm.task["micro_f1"], f"corpus micro-F1 ({note})", arm.path)

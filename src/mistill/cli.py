@@ -35,6 +35,11 @@ def build_parser(group: str | None = None) -> argparse.ArgumentParser:
     return parser
 
 
+def one_line(err: BaseException) -> str:
+    """The error's message on one line (a message that quotes a multi-line text joins its lines)."""
+    return "; ".join(line.strip() for line in str(err).splitlines() if line.strip()) or type(err).__name__
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     group = argv[0] if argv and argv[0] in GROUPS else None
@@ -42,7 +47,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         result = args.func(args)
     except UserError as err:
-        print(f"mistill: error: {err}", file=sys.stderr)
+        print(f"mistill: error: {one_line(err)}", file=sys.stderr)
         return 2
     return int(result or 0)
 

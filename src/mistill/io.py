@@ -17,6 +17,8 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import IO, Any
 
+from mistill.errors import UserError
+
 
 @contextlib.contextmanager
 def atomic_open(path: str | Path, mode: str = "w", **kwargs: Any) -> Iterator[IO]:
@@ -52,28 +54,92 @@ def write_jsonl(path: str | Path, rows: list[dict[str, Any]]) -> None:
             fh.write(json.dumps(row, ensure_ascii=False) + "\n")
 
 
-def read_jsonl(path: str | Path) -> list[dict[str, Any]]:
-    with Path(path).open(encoding="utf-8") as fh:
-        return [json.loads(line) for line in fh if line.strip()]
+TRUNCATED = ("the file looks truncated (an interrupted write or copy): restore it (dvc checkout) "
+             "or delete it and rerun the stage that writes it")
+
+
+def _reason(err: json.JSONDecodeError) -> str:
+    return err.msg.removesuffix(" starting at").lower()
 
 
 def iter_json_lines(path: str | Path, what: str) -> Iterator[tuple[str, Any]]:
     """Each non-blank line of a jsonl file as (`file:line`, parsed value), for loaders that
-    validate row by row; a missing file or a line that is not JSON is a one-line UserError."""
-    from mistill.errors import UserError
+    validate row by row.  A missing file, a file that is not UTF-8 text or a line that is not
+    JSON is a one-line UserError naming the file and line; a cut-off last line (no newline,
+    not JSON) is reported as a truncated file."""
+    path = Path(path)
+    if not path.is_file():
+        raise UserError(f"{path}: no such {what} file")
+    try:
+        with path.open(encoding="utf-8") as fh:
+            for number, raw in enumerate(fh, start=1):
+                if not raw.strip():
+                    continue
+                where = f"{path}:{number}"
+                try:
+                    value = json.loads(raw.rstrip("\r\n"))  # columns count within the line
+                except json.JSONDecodeError as err:
+                    # only the last line can lack its newline: a line cut off mid-record
+                    hint = TRUNCATED if not raw.endswith("\n") else f"fix the line or rebuild the {what} file"
+                    raise UserError(f"{where}: not a JSON object at column {err.colno} ({_reason(err)}); "
+                                  f"{hint}") from None
+                yield where, value
+    except UnicodeDecodeError as err:
+        raise UserError(f"{path}: not UTF-8 text ({err.reason}); is it a {what} file?") from None
+
+
+def read_jsonl(path: str | Path, what: str = "JSON lines") -> list[dict[str, Any]]:
+    """Every row of a jsonl file; each must be a JSON object (see `iter_json_lines` for the errors)."""
+    rows = []
+    for where, row in iter_json_lines(path, what):
+        if not isinstance(row, dict):
+            raise UserError(f"{where}: not a JSON object (a {type(row).__name__}); "
+                            f"fix the line or rebuild the {what} file")
+        rows.append(row)
+    return rows
+
+
+def read_json(path: str | Path, what: str = "JSON") -> Any:
+    """A JSON document; a missing, empty, non-UTF-8 or malformed file is a one-line UserError
+    naming the file and line (an unexpected end of the document: a truncated file)."""
+    path = Path(path)
+    if not path.is_file():
+        raise UserError(f"{path}: no such {what} file")
+    try:
+        text = path.read_text(encoding="utf-8")
+    except UnicodeDecodeError as err:
+        raise UserError(f"{path}: not UTF-8 text ({err.reason}); is it a {what} file?") from None
+    if not text.strip():
+        raise UserError(f"{path}: empty {what} file; {TRUNCATED}")
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as err:
+        # the document ends where a value, a delimiter or a string's closing quote was due
+        cut = err.pos >= len(text.rstrip()) or err.msg.startswith("Unterminated string")
+        hint = TRUNCATED if cut else f"fix it or rebuild the {what} file"
+        raise UserError(f"{path}:{err.lineno}: not valid JSON at column {err.colno} ({_reason(err)}); "
+                        f"{hint}") from None
+
+
+def read_npz(path: str | Path, what: str = "arrays") -> dict[str, Any]:
+    """Every array of an `.npz` file (no pickles); a missing, truncated or corrupt file is a
+    one-line UserError naming the file."""
+    import zipfile
+
+    import numpy as np
 
     path = Path(path)
-    if not path.exists():
+    if not path.is_file():
         raise UserError(f"{path}: no such {what} file")
-    with path.open(encoding="utf-8") as fh:
-        for number, raw in enumerate(fh, start=1):
-            if not raw.strip():
-                continue
-            where = f"{path}:{number}"
-            try:
-                yield where, json.loads(raw)
-            except json.JSONDecodeError as err:
-                raise UserError(f"{where}: not a JSON object ({err.msg})") from None
+    try:
+        data = np.load(path, allow_pickle=False)
+        if not isinstance(data, np.lib.npyio.NpzFile):
+            raise ValueError("an .npy array, not an .npz archive")
+        with data:
+            return {key: data[key] for key in data.files}
+    except (zipfile.BadZipFile, EOFError, ValueError, OSError) as err:
+        detail = str(err).splitlines()[0] if str(err) else "no detail"
+        raise UserError(f"{path}: unreadable {what} ({type(err).__name__}: {detail}); {TRUNCATED}") from None
 
 
 def write_npz(path: str | Path, **arrays: Any) -> None:

@@ -21,8 +21,16 @@ def load_all(path: str | Path = DEFAULT_PARAMS) -> dict[str, Any]:
     path = Path(path)
     if not path.exists():
         raise UserError(f"{path}: no such parameters file (run from the repository root)")
-    with path.open() as fh:
-        data = yaml.safe_load(fh)
+    try:
+        with path.open(encoding="utf-8") as fh:
+            data = yaml.safe_load(fh)
+    except yaml.YAMLError as err:
+        mark = getattr(err, "problem_mark", None)
+        where = f"{path}:{mark.line + 1}" if mark is not None else str(path)
+        problem = getattr(err, "problem", None) or str(err).splitlines()[0]
+        raise UserError(f"{where}: not valid YAML ({problem}); fix the file") from None
+    except UnicodeDecodeError as err:
+        raise UserError(f"{path}: not UTF-8 text ({err.reason}); is it the parameters file?") from None
     if not isinstance(data, dict) or "profile" not in data:
         raise UserError(f"{path}: expected a mapping with a 'profile' key")
     return data
@@ -34,7 +42,7 @@ def load_params(path: str | Path = DEFAULT_PARAMS, profile: str | None = None) -
     name = profile or data["profile"]
     if name not in data or not isinstance(data[name], dict):
         known = sorted(k for k, v in data.items() if isinstance(v, dict))
-        raise UserError(f"{path}: unknown profile {name!r}; known: {', '.join(known)}")
+        raise UserError(f"{path}: unknown profile {name!r} (no such section); it defines: {', '.join(known)}")
     section = dict(data[name])
     section["profile"] = name
     return section

@@ -14,14 +14,15 @@ def _params():
 
 
 def _load_traces(path: Path, train_ids: set[str] | None) -> list[dict]:
-    from mistill.io import read_jsonl
+    from mistill.io import iter_json_lines
 
     if not path.exists():
         raise UserError(f"{path}: no teacher traces (run `dvc repro TR-008` first)")
-    rows = read_jsonl(path)
-    for row in rows:
-        if not {"note_id", "prompt", "completion"} <= set(row):
-            raise UserError(f"{path}: trace rows need note_id, prompt and completion")
+    rows = []
+    for where, row in iter_json_lines(path, "teacher traces"):
+        if not isinstance(row, dict) or not {"note_id", "prompt", "completion"} <= set(row):
+            raise UserError(f"{where}: a trace row needs note_id, prompt and completion")
+        rows.append(row)
     return [r for r in rows if train_ids is None or r["note_id"] in train_ids]
 
 
@@ -130,13 +131,12 @@ def cmd_train(args) -> int:
 
 
 def cmd_coverage(args) -> int:
-    import json
 
     from mistill.distill import buckets as bk
     from mistill.distill.alignment import coverage
     from mistill.distill.mechanism import note_view
     from mistill.distill.targets import read_note_targets
-    from mistill.io import provenance, write_json
+    from mistill.io import provenance, read_json, write_json
     from mistill.models.loading import load_tokenizer
 
     params = _params()
@@ -145,7 +145,7 @@ def cmd_coverage(args) -> int:
     manifest_path = targets_dir / "manifest.json"
     if not manifest_path.exists():
         raise UserError(f"{manifest_path}: no targets manifest (run `mistill distill targets` first)")
-    manifest = json.loads(manifest_path.read_text())
+    manifest = read_json(manifest_path, "targets manifest")
     report = {}
     for key in args.students.split(","):
         tok = load_tokenizer(params["models"].get(key, key))

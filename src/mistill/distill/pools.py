@@ -14,13 +14,13 @@ top-k weight profile; `uniform` puts equal weight on every head of the pool's la
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
 from mistill.errors import UserError
+from mistill.io import read_json
 
 POOL_PHASES = ("P1", "P2", "P2C", "prose")
 HEAD_MODES = ("top", "bottom", "random", "uniform")
@@ -63,9 +63,9 @@ def load_head_sets(path: str | Path) -> dict:
     path = Path(path)
     if not path.exists():
         raise UserError(f"{path}: no head sets file (the instrument's head_sets_contrast.json)")
-    data = json.loads(path.read_text())
+    data = read_json(path, "head sets")
     for key in ("n_layers", "n_heads", "phases"):
-        if key not in data:
+        if not isinstance(data, dict) or key not in data:
             raise UserError(f"{path}: missing {key!r}; expected the head_sets_contrast.json contract")
     return data
 

@@ -148,6 +148,24 @@ def make_optimizer(model, cfg: TrainConfig, total_steps: int):
     return opt, sched
 
 
+def read_metrics(path: Path) -> list[dict]:
+    """The rows of a run's `metrics.jsonl`.  A last line cut off by a killed run is dropped: a step's
+    line is logged before its checkpoint, so that step is recomputed on resume anyway."""
+    rows = []
+    lines = path.read_text(encoding="utf-8").splitlines(keepends=True)
+    for number, line in enumerate(lines, start=1):
+        if not line.strip():
+            continue
+        try:
+            rows.append(json.loads(line.rstrip("\r\n")))
+        except json.JSONDecodeError as err:
+            if number == len(lines) and not line.endswith("\n"):
+                break
+            raise UserError(f"{path}:{number}: not a JSON object at column {err.colno}; the training log is "
+                            "corrupt: remove the run directory to train afresh") from None
+    return rows
+
+
 class Trainer:
     # what makes two runs the same run: a checkpoint is resumed only when all of these match
     RUN_IDENTITY = ("arm", "train", "example_ids", "student_sha256", "teacher_hash", "targets_sha256", "pools")
@@ -209,7 +227,7 @@ class Trainer:
         self.step = state["step"]
         metrics = self.out_dir / "metrics.jsonl"
         if metrics.exists():  # drop lines logged after the checkpoint
-            rows = [json.loads(line) for line in metrics.read_text().splitlines() if line.strip()]
+            rows = read_metrics(metrics)
             with atomic_open(metrics, "w") as fh:
                 for row in rows:
                     if row["step"] <= self.step:

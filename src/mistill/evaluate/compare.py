@@ -16,7 +16,6 @@ Only notes that carry the readout in every seed of both arms enter a comparison.
 
 from __future__ import annotations
 
-import json
 import re
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -24,8 +23,9 @@ from pathlib import Path
 import numpy as np
 
 from mistill.errors import UserError
-from mistill.io import read_jsonl
+from mistill.io import read_json, read_jsonl
 from mistill.stats import StatsParams, knock_in_recovery, note_clustered_comparison
+from mistill.stats.checks import StatsInputError
 from mistill.stats.effects import note_means
 
 PHASES = ("P2C", "P2", "P1")
@@ -49,7 +49,7 @@ def seed_dirs(artifacts: str | Path, arm: str) -> dict[int, Path]:
 
 def knockin_rows(m6_dir: Path) -> dict[str, list[dict]]:
     """note -> patch2.jsonl rows, for the notes faithfulness2.json summarised."""
-    summary = json.loads((m6_dir / "faithfulness2.json").read_text())
+    summary = read_json(m6_dir / "faithfulness2.json", "knock-in summary")
     return {note: read_jsonl(m6_dir / note / "patch2.jsonl") for note in summary.get("notes", [])
             if (m6_dir / note / "patch2.jsonl").exists()}
 
@@ -76,7 +76,8 @@ def note_lift(m6_dir: Path, *, phase: str, panel: str = "top") -> dict[str, floa
     path = m6_dir / "readside.json"
     if not path.exists():
         return {}
-    per_note = json.loads(path.read_text())["phases"].get(phase, {}).get("per_note", {}).get(panel, {})
+    phases = read_json(path, "read-side summary")["phases"]
+    per_note = phases.get(phase, {}).get("per_note", {}).get(panel, {})
     return {n: v["lift"] for n, v in per_note.items() if v.get("lift") is not None and np.isfinite(v["lift"])}
 
 
@@ -86,8 +87,11 @@ def arm_values(artifacts: str | Path, arm: str, readout: str, *, phase: str, k: 
     out = {}
     for seed, path in seed_dirs(artifacts, arm).items():
         if readout == "m4":
-            out[seed] = note_recovery(knockin_rows(path), phase=phase, set_kind=set_kind, k=int(k),
-                                      min_range=min_range)
+            try:
+                out[seed] = note_recovery(knockin_rows(path), phase=phase, set_kind=set_kind, k=int(k),
+                                          min_range=min_range)
+            except StatsInputError as err:  # e.g. a NaN margin in a patch2.jsonl: name the arm's directory
+                raise UserError(f"{path}: {phase} knock-in rows: {err}") from None
         elif readout == "m2":
             out[seed] = note_lift(path, phase=phase, panel="random" if set_kind == "random" else "top")
         else:

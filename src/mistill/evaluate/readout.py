@@ -16,7 +16,6 @@ the gap in "gap recovered"), and writing the registered keys.
 from __future__ import annotations
 
 import argparse
-import json
 import re
 import statistics
 import sys
@@ -24,6 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from mistill.errors import UserError
+from mistill.io import read_json
 from mistill.params import load_params
 
 EVAL_DIR = "DT-eval"
@@ -63,6 +63,14 @@ def arm_labels(params: dict) -> dict[str, str]:
     return dict(labels)
 
 
+def _section(path: Path, key: str, what: str) -> dict:
+    """One section of an evaluation's json (`metrics`, `m1`); a corrupt file is a one-line UserError."""
+    data = read_json(path, what)
+    if not isinstance(data, dict) or not isinstance(data.get(key), dict):
+        raise UserError(f"{path}: no {key!r} section; rerun the evaluation that writes it")
+    return data[key]
+
+
 def load_arm(root: Path, label: str) -> dict[int, ArmSeed]:
     """Every seed of one arm whose directory holds a task.json, by seed."""
     from mistill.io import read_jsonl
@@ -74,13 +82,14 @@ def load_arm(root: Path, label: str) -> dict[int, ArmSeed]:
         if not match or not (path / "task.json").is_file():
             continue
         arm = ArmSeed(label, int(match.group(1)), path)
-        arm.task = json.loads((path / "task.json").read_text())["metrics"]
+        arm.task = _section(path / "task.json", "metrics", "task metrics")
         if (path / "fidelity.json").is_file():
-            arm.fidelity = json.loads((path / "fidelity.json").read_text())["metrics"]
+            arm.fidelity = _section(path / "fidelity.json", "metrics", "fidelity metrics")
         if (path / "m1.json").is_file():
-            arm.m1 = json.loads((path / "m1.json").read_text())["m1"]
+            arm.m1 = _section(path / "m1.json", "m1", "M1 readout")
         if (path / "generations.jsonl").is_file():
-            arm.generations = {r["note_id"]: r for r in read_jsonl(path / "generations.jsonl")}
+            rows = read_jsonl(path / "generations.jsonl", "generations")
+            arm.generations = {r.get("note_id"): r for r in rows}
         seeds[arm.seed] = arm
     return seeds
 
@@ -101,18 +110,22 @@ def test_notes(params: dict):
     return load_notes(path)
 
 
-def answers(records: dict, notes) -> list[list[str]]:
-    """Each note's scored answer: its parsed list when the generation is valid, else empty (App. K)."""
+def answers(records: dict, notes, source: str | Path | None = None) -> list[list[str]]:
+    """Each note's scored answer: its parsed list when the generation is valid, else empty (App. K).
+    `source` (the generations file) is named when a test note has no generation."""
     missing = [n.note_id for n in notes if n.note_id not in records]
     if missing:
-        raise UserError(f"no generation for {len(missing)} test notes (e.g. {missing[0]})")
+        where = f"{source}: " if source is not None else ""
+        raise UserError(f"{where}no generation for {len(missing)} test notes (e.g. {missing[0]}): the "
+                        "generations and the test notes differ; regenerate for these test notes")
     return [list(records[n.note_id].get("answer") or []) if records[n.note_id].get("valid") else [] for n in notes]
 
 
 def per_note_f1(arm: ArmSeed, notes) -> list[float]:
     from mistill.evaluate.task import per_note_f1 as note_f1s
 
-    return note_f1s(answers(arm.generations, notes), [list(n.gold_codes) for n in notes])
+    return note_f1s(answers(arm.generations, notes, arm.path / "generations.jsonl"),
+                    [list(n.gold_codes) for n in notes])
 
 
 def completed_precision_recall(arm: ArmSeed, notes) -> list[float]:
@@ -137,8 +150,8 @@ def teacher_micro_f1(params: dict, notes) -> tuple[float, Path]:
     path = Path(params["evaluate"]["teacher_traces"])
     if not path.is_file():
         raise UserError(f"{path}: no teacher traces")
-    records = {r["note_id"]: r for r in read_jsonl(path)}
-    return micro_f1(answers(records, notes), [list(n.gold_codes) for n in notes]), path
+    records = {r.get("note_id"): r for r in read_jsonl(path, "teacher traces")}
+    return micro_f1(answers(records, notes, path), [list(n.gold_codes) for n in notes]), path
 
 
 def seed_mean_sd(seeds: dict[int, ArmSeed], metric: str) -> tuple[float, float | None, list[float]]:

@@ -16,7 +16,7 @@ from pathlib import Path
 import numpy as np
 
 from mistill.errors import UserError
-from mistill.io import write_json
+from mistill.io import read_json, write_json
 from mistill.stats import pooled_weights
 
 
@@ -43,16 +43,14 @@ def write_head_sets(path: str | Path, body: dict, provenance: dict) -> None:
 
 
 def load_head_sets(path: str | Path) -> dict:
-    import json
-
     path = Path(path)
     if not path.exists():
         raise UserError(f"{path}: no head sets; run `mistill instrument calibrate` first")
-    try:
-        body = json.loads(path.read_text())
-        body["phases"], body["n_layers"], body["n_heads"]
-    except (json.JSONDecodeError, KeyError) as err:
-        raise UserError(f"{path}: malformed head sets ({err})") from None
+    body = read_json(path, "head sets")
+    missing = [k for k in ("phases", "n_layers", "n_heads") if not isinstance(body, dict) or k not in body]
+    if missing:
+        raise UserError(f"{path}: malformed head sets (missing {', '.join(missing)}); "
+                        "rerun `mistill instrument calibrate`")
     return body
 
 

@@ -8,12 +8,12 @@ silently, and `--strict` makes it an error.
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from pathlib import Path
 from typing import Any
 
 from mistill.errors import UserError
+from mistill.io import read_json
 from mistill.params import load_params
 
 
@@ -27,7 +27,7 @@ def reader_args(description: str) -> argparse.Namespace:
 def load_json(path: Path) -> dict:
     if not path.exists():
         raise UserError(f"{path}: missing; run the instrument pass that writes it first")
-    return json.loads(path.read_text())
+    return read_json(path, "instrument output")
 
 
 def value(v: Any, statistic: str, artifact: str | Path) -> dict:

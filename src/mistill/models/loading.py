@@ -21,11 +21,13 @@ from pathlib import Path
 from typing import Any
 
 from mistill.errors import UserError
+from mistill.io import read_json
 from mistill.models.architectures import DEFAULT_ATTN
 from mistill.models.tokenizers import REMAP_FILE, CompactTokenizer, HFTextTokenizer
 
 HF_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
 WEIGHT_PATTERNS = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin")
+WEIGHTS_HINT = "the file looks truncated or corrupt: retrain or re-fetch it (or restore it: dvc checkout)"
 
 
 def is_local_spec(spec: str) -> bool:
@@ -96,15 +98,49 @@ def _local_dir(spec: str) -> Path:
     return directory
 
 
+def check_local_files(directory: Path) -> None:
+    """Read a local checkpoint's config.json and safetensors headers before transformers does, so a
+    corrupt config or a truncated weights file is named instead of passing for an unknown model."""
+    config_path = directory / "config.json"
+    config = read_json(config_path, "model config")
+    if not isinstance(config, dict) or not isinstance(config.get("model_type"), str):
+        raise UserError(f"{config_path}: no 'model_type' key; not a transformers model config "
+                        "(re-save or re-fetch the checkpoint)")
+    index = directory / "model.safetensors.index.json"
+    if (directory / "model.safetensors").exists():
+        shards = [directory / "model.safetensors"]
+    elif index.exists():
+        weight_map = read_json(index, "weights index")
+        weight_map = weight_map.get("weight_map") if isinstance(weight_map, dict) else None
+        if not isinstance(weight_map, dict) or not weight_map:
+            raise UserError(f"{index}: no 'weight_map'; re-fetch the checkpoint")
+        shards = [directory / name for name in sorted(set(map(str, weight_map.values())))]
+    else:
+        return  # pytorch_model.bin: transformers reads it
+    from safetensors import SafetensorError, safe_open
+
+    for shard in shards:
+        if not shard.is_file():
+            raise UserError(f"{shard}: missing weights shard named in {index.name}; re-fetch the checkpoint")
+        try:
+            with safe_open(str(shard), framework="pt"):
+                pass
+        except SafetensorError as err:
+            reason = str(err).splitlines()[0]
+            raise UserError(f"{shard}: unreadable weights ({reason}); {WEIGHTS_HINT}") from None
+
+
 def load_model(spec: str | Path, *, dtype: str | None = None, rope_scaling: dict[str, Any] | None = None,
                attn_implementation: str = DEFAULT_ATTN, device: str | None = None):
     """(model, tokenizer) for a local directory or an HF id, in eval mode."""
+    from safetensors import SafetensorError
     from transformers import AutoConfig, AutoModelForCausalLM
 
     spec = str(spec)
     local = is_local_spec(spec)
     if local:
         source = str(_local_dir(spec))
+        check_local_files(Path(source))
     else:
         os.environ["HF_HUB_OFFLINE"] = "1"  # App. J.1: loaded offline from a local cache
         source = spec
@@ -112,6 +148,9 @@ def load_model(spec: str | Path, *, dtype: str | None = None, rope_scaling: dict
     try:
         config = AutoConfig.from_pretrained(source, **offline)
     except (OSError, ValueError) as err:
+        if local:  # its config.json parsed (check_local_files): transformers rejects what it says
+            raise UserError(f"{source}/config.json: transformers cannot build a config from it "
+                            f"({str(err).splitlines()[0]}); re-save or re-fetch the checkpoint") from None
         raise UserError(f"unknown model id {spec!r}, or it is not in the local Hugging Face cache "
                         f"(nothing is downloaded): {str(err).splitlines()[0]}") from None
     apply_rope_scaling(config, rope_scaling)
@@ -120,6 +159,9 @@ def load_model(spec: str | Path, *, dtype: str | None = None, rope_scaling: dict
                                                      attn_implementation=attn_implementation, **offline)
     except (OSError, ValueError) as err:
         raise UserError(f"cannot load the weights of {spec!r}: {str(err).splitlines()[0]}") from None
+    except SafetensorError as err:  # an HF id's cached weights (local ones are checked above)
+        raise UserError(f"cannot load the weights of {spec!r}: {str(err).splitlines()[0]}; "
+                        f"{WEIGHTS_HINT}") from None
     if device:
         model = model.to(device)
     tokenizer = load_tokenizer(spec)

@@ -83,6 +83,9 @@ def load_notes(path: str | Path, inventory: Inventory | None = None) -> list[Not
                 raise UserError(f"{where}: note {note.note_id}: gold code {missing[0]} "
                                 "is not in the inventory")
         notes.append(note)
+    if not notes:
+        raise UserError(f"{path}: no notes in the file; rebuild it "
+                        "(`mistill world notes` / `mistill world corpora`)")
     return notes
 
 
