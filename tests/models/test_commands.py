@@ -53,7 +53,7 @@ def test_traces_records_contract_and_resumes(world, monkeypatch):
     records = read_jsonl(world / "artifacts" / "TR-008" / "traces.jsonl")
     assert [r["note_id"] for r in records] == ["n3", "n2"]  # test notes first
     keys = {"note_id", "prompt", "completion", "valid", "hit_cap", "degenerate", "answer", "n_new_tokens", "seed",
-            "decoding", "model"}
+            "decoding", "model", "model_sha256", "input_sha256"}
     assert all(set(r) == keys for r in records)
     # a random tiny model hits the 6-token cap: invalid, scored empty (App. K)
     assert all(r["hit_cap"] and not r["valid"] and r["answer"] == [] for r in records)
@@ -94,15 +94,22 @@ def test_bad_input(world, capsys):
     assert "student_pretraining" in capsys.readouterr().err
 
 
-def test_paper_profile_models_are_loaded_by_id_so_training_stages_do_nothing(world, capsys):
+def test_paper_profile_models_are_loaded_by_id_so_training_stages_only_pin_them(world, capsys):
     params = yaml.safe_load((world / "params.yaml").read_text())
-    params["demo"]["models"].update({"teacher": "Qwen/Qwen3-14B", "student_qwen": "Qwen/Qwen3-4B",
-                                     "student_smol": "HuggingFaceTB/SmolLM3-3B", "student_pretraining": None})
+    params["demo"]["models"].update({"dir": "models/paper", "teacher": "Qwen/Qwen3-14B",
+                                     "student_qwen": "Qwen/Qwen3-4B", "student_smol": "HuggingFaceTB/SmolLM3-3B",
+                                     "revision": {"teacher": "abc", "student_qwen": None, "student_smol": "def"},
+                                     "student_pretraining": None})
     (world / "params.yaml").write_text(yaml.safe_dump(params))
     assert main(["models", "train-teacher"]) == 0
     assert "Qwen/Qwen3-14B is loaded by id" in capsys.readouterr().out
     assert main(["models", "pretrain-students"]) == 0
-    assert "Qwen/Qwen3-4B, HuggingFaceTB/SmolLM3-3B are loaded by id" in capsys.readouterr().out
+    assert "HuggingFaceTB/SmolLM3-3B is loaded by id" in capsys.readouterr().out
+    pins = {d: json.loads((world / "models" / "paper" / d / "pin.json").read_text())
+            for d in ("teacher", "student-qwen", "student-smol")}
+    assert pins["teacher"] == {"model": "teacher", "id": "Qwen/Qwen3-14B", "revision": "abc"}
+    assert pins["student-qwen"] == {"model": "student_qwen", "id": "Qwen/Qwen3-4B", "revision": None}
+    assert pins["student-smol"]["revision"] == "def"
 
 
 def test_save_model_dir_replaces_atomically(world):
@@ -121,7 +128,7 @@ def test_save_model_dir_replaces_atomically(world):
 
 def test_teacher_notes_hold_out_corpus_patients_and_add_generator_notes(tmp_path, monkeypatch):
     from mistill.models.commands import extra_teacher_notes, teacher_notes
-    from mistill.models.demo_world import load_world
+    from mistill.models.world_files import load_world
 
     data = tmp_path / "artifacts" / "data"
     write_jsonl(data / "inventory.jsonl", CODES)
@@ -148,7 +155,7 @@ def test_teacher_notes_hold_out_corpus_patients_and_add_generator_notes(tmp_path
 
 def test_student_pretraining_notes_are_their_own_and_seeded(tmp_path):
     from mistill.models.commands import extra_teacher_notes, pretraining_notes
-    from mistill.models.demo_world import load_world
+    from mistill.models.world_files import load_world
 
     write_jsonl(tmp_path / "artifacts" / "data" / "inventory.jsonl", CODES)
     params = {"paths": {"artifacts": str(tmp_path / "artifacts")},

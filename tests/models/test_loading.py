@@ -9,7 +9,7 @@ import torch
 
 from mistill.errors import UserError
 from mistill.models.architectures import TinyArchitecture, build_model
-from mistill.models.loading import apply_rope_scaling, is_local_spec, load_model
+from mistill.models.loading import ModelSpec, apply_rope_scaling, is_local_spec, load_model
 from mistill.models.tokenizers import (
     CompactTokenizer,
     build_remap,
@@ -88,7 +88,7 @@ def test_local_dir_with_hf_tokenizer_files_uses_autotokenizer(tmp_path):
 def test_yarn_from_params(tmp_path):
     save_tiny(tmp_path, QWEN, qwen3_tokenizer())
     yarn = {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 40960}
-    model, _ = load_model(str(tmp_path), rope_scaling=yarn)
+    model, _ = load_model(ModelSpec(str(tmp_path), rope_scaling=yarn))
     assert model.config.rope_parameters["rope_type"] == "yarn"
     assert model.config.rope_parameters["factor"] == 4.0
     assert model.config.max_position_embeddings == 163840  # App. B: 40,960 x 4

@@ -117,9 +117,25 @@ def chunk_mlps(model, chunk: int) -> None:
         mlp.forward = types.MethodType(forward, mlp)
 
 
+def precision_dtype(precision: str) -> str:
+    """The dtype a precision arm's student is loaded in: bf16 weights (no master copy) or fp32 weights."""
+    if precision not in PRECISIONS:
+        raise UserError(f"unknown precision {precision!r}; known: {', '.join(PRECISIONS)}")
+    return "bfloat16" if precision == "bf16" else "float32"
+
+
 def prepare_model(model, cfg: TrainConfig):
-    """Precision arm and memory settings: bf16 weights (no master copy) or fp32 weights."""
-    model = model.to(torch.bfloat16 if cfg.precision == "bf16" else torch.float32)
+    """Precision arm and memory settings: bf16 weights (no master copy) or fp32 weights.
+
+    `mistill distill train` loads the student in its arm's dtype (`from_pretrained(dtype=...)`); a model
+    built in memory in another dtype has its weights cast here with RoPE's `inv_freq` kept fp32, which a
+    plain `model.to(torch.bfloat16)` would round (angle errors of radians at tens of thousands of tokens).
+    """
+    from mistill.models.loading import cast_weights
+
+    dtype = getattr(torch, precision_dtype(cfg.precision))
+    if model.dtype != dtype:
+        model = cast_weights(model, dtype)
     try:
         model.set_attn_implementation("sdpa")  # no full attention matrices in the training forward
     except (AttributeError, ValueError, ImportError):

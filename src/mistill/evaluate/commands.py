@@ -50,7 +50,8 @@ def cmd_fidelity(args) -> int:
     from mistill.evaluate import fidelity as fd
     from mistill.io import provenance, write_json
 
-    cfg = _params()["evaluate"]
+    params = _params()
+    cfg = params["evaluate"]
     teacher = {r["note_id"]: r for r in _rows(args.teacher_traces or cfg["teacher_traces"], "teacher traces")}
     out: dict = {}
     per_note: dict = {}
@@ -63,10 +64,10 @@ def cmd_fidelity(args) -> int:
     if args.model:
         import torch
 
-        from mistill.models.loading import load_model
+        from mistill.models.loading import ModelSpec, load_model
 
         torch.set_num_threads(int(args.threads))
-        model, tok = load_model(args.model)
+        model, tok = load_model(ModelSpec.from_params(params["models"], args.model))  # the profile's dtype, YaRN
         if args.note_ids:
             ids = args.note_ids.split(",")
         else:  # the test notes' teacher traces (the trace file also holds the training notes)
@@ -98,17 +99,16 @@ def cmd_m1(args) -> int:
 
     from mistill.evaluate.m1 import m1
     from mistill.io import provenance, write_json
-    from mistill.models.loading import load_model
+    from mistill.models.loading import ModelSpec, load_model, load_tokenizer
 
     params = _params()
     cfg = params["evaluate"]
     torch.set_num_threads(int(args.threads))
-    model, tok = load_model(args.model)
+    model, tok = load_model(ModelSpec.from_params(params["models"], args.model))  # the profile's dtype, YaRN
     teacher_tok = None
     if args.teacher_tokenizer or params["models"].get("teacher"):
-        from mistill.models.loading import load_tokenizer
-
-        teacher_tok = load_tokenizer(args.teacher_tokenizer or params["models"]["teacher"])
+        teacher_tok = load_tokenizer(ModelSpec.from_params(params["models"],
+                                                           args.teacher_tokenizer or "teacher"))
     traces = _rows(args.teacher_traces or cfg["teacher_traces"], "teacher traces")
     if args.notes:
         from mistill.world.notes import load_notes

@@ -100,7 +100,7 @@ def _all(args) -> int:
     )
 
     cfg, params = _config(args)
-    model, tokenizer = load_teacher(cfg)
+    model, tokenizer = load_teacher(cfg, params)
     kw = dict(model=model, tokenizer=tokenizer)
     run_events(cfg, params, limit=args.limit, force=args.force, **kw)
     run_attribution(cfg, params, limit=args.limit, force=args.force, **kw)

@@ -1,4 +1,4 @@
-"""`generate(model_spec, prompts, ...)`: sampled generation with two backends.
+"""`generate(model, prompts, seeds=..., decoding=..., backend=...)`: sampled generation, two backends.
 
 App. B / J.1: temperature 0.6, top-p 0.95, top-k 20, a fixed per-note seed and a
 cap on new tokens; greedy decoding is never used (it loops in thinking mode,
@@ -8,21 +8,27 @@ model's own `<think>` to (excluding) its end-of-turn token.
 
 * `transformers` (demo): one prompt at a time, `torch.manual_seed(seed)` before
   each, so a note's trace depends on its seed only, not on batch composition.
-* `vllm` (paper): one `SamplingParams(seed=...)` per request; vLLM is imported
-  only when this backend is used.
+* `vllm` (paper; App. J.5: every model that generates, in vLLM): one engine with the
+  profile's arguments and the model's YaRN, one `SamplingParams(seed=...)` per
+  request (`mistill.models.vllm_backend`); vLLM is imported only when it is used.
 
-A generation that reaches the cap is marked `hit_cap`; validity and the answer
-are App. K's, decided by `mistill.world.answers` (a capped or unclosed
-generation is invalid and scores empty).
+Both backends tokenize the templated prompt with the project's tokenizer, stop at
+the model's end-of-turn token and decode with the same tokenizer (`completion_of`),
+so a trace means the same whichever backend wrote it.  A generation that reaches
+the cap is marked `hit_cap`; validity and the answer are App. K's, decided by
+`mistill.world.answers` (a capped or unclosed generation is invalid and scores empty).
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from mistill.errors import UserError
+
+if TYPE_CHECKING:
+    from mistill.models.vllm_backend import EngineSettings
 
 BACKENDS = ("transformers", "vllm")
 
@@ -60,26 +66,35 @@ class Decoding:
         return asdict(self)
 
 
-def generate(model_spec: Any, prompts: Sequence[str], *, seeds: Sequence[int], temperature: float = 0.6,
-             top_p: float = 0.95, top_k: int = 20, max_new_tokens: int = 1024, backend: str = "transformers",
-             load_kwargs: dict[str, Any] | None = None, progress: bool = False) -> list[Generation]:
+def generate(model: Any, prompts: Sequence[str], *, seeds: Sequence[int], decoding: Decoding | None = None,
+             backend: str = "transformers", engine: EngineSettings | None = None, device: str | None = None,
+             progress: bool = False,
+             **settings: Any) -> list[Generation]:
     """Sample one completion per prompt, prompt i with seed i.
 
-    `model_spec` is an HF id or local directory, or an already loaded (model, tokenizer) pair
-    (transformers backend).
+    `model` is a `ModelSpec` (or a bare checkpoint directory), or for the transformers backend an
+    already loaded (model, tokenizer) pair.  `decoding` holds the sampling settings and the cap
+    (or give them one by one: temperature=, top_p=, top_k=, max_new_tokens=); `engine` is the vLLM
+    backend's `EngineSettings` from params (`models.vllm`).
     """
     if len(seeds) != len(prompts):
         raise UserError(f"generate: {len(prompts)} prompts but {len(seeds)} seeds")
-    decoding = Decoding.from_params({"temperature": temperature, "top_p": top_p, "top_k": top_k,
-                                         "max_new_tokens": max_new_tokens})
+    unknown = set(settings) - set(Decoding.__dataclass_fields__)
+    if unknown:
+        raise TypeError(f"generate: unknown arguments {', '.join(sorted(unknown))}")
+    decoding = decoding or Decoding.from_params(settings)
     if backend == "transformers":
-        return _generate_transformers(model_spec, prompts, seeds, decoding, load_kwargs or {}, progress)
+        return _generate_transformers(model, prompts, seeds, decoding, device, progress)
     if backend == "vllm":
-        return _generate_vllm(model_spec, prompts, seeds, decoding, load_kwargs or {})
+        from mistill.models.vllm_backend import VLLMGenerator
+
+        if isinstance(model, tuple):
+            raise UserError("the vllm backend takes a model spec, not a loaded model")
+        return VLLMGenerator(model, engine).generate(prompts, seeds, decoding, progress=progress)
     raise UserError(f"unknown generation backend {backend!r}; known: {', '.join(BACKENDS)}")
 
 
-def _generate_transformers(model_spec, prompts, seeds, decoding: Decoding, load_kwargs, progress) -> list[Generation]:
+def _generate_transformers(model_spec, prompts, seeds, decoding: Decoding, device, progress) -> list[Generation]:
     import torch
     from tqdm import tqdm
 
@@ -88,7 +103,7 @@ def _generate_transformers(model_spec, prompts, seeds, decoding: Decoding, load_
     else:
         from mistill.models.loading import load_model
 
-        model, tokenizer = load_model(model_spec, **load_kwargs)
+        model, tokenizer = load_model(model_spec, device=device)
     device = next(model.parameters()).device
     results = []
     for prompt, seed in tqdm(list(zip(prompts, seeds)), desc="generate", unit="note", disable=not progress):
@@ -100,41 +115,14 @@ def _generate_transformers(model_spec, prompts, seeds, decoding: Decoding, load_
                                  temperature=decoding.temperature, top_p=decoding.top_p, top_k=decoding.top_k,
                                  max_new_tokens=decoding.max_new_tokens, eos_token_id=tokenizer.eos_token_id,
                                  pad_token_id=tokenizer.pad_token_id)
-        new = out[0, len(ids):].tolist()
-        closed = bool(new) and new[-1] == tokenizer.eos_token_id
-        text_ids = new[:-1] if closed else new
-        results.append(Generation(prompt, tokenizer.decode(text_ids), len(new), not closed, int(seed)))
+        results.append(completion_of(prompt, out[0, len(ids):].tolist(), tokenizer, int(seed)))
     return results
 
 
-def _generate_vllm(model_spec, prompts, seeds, decoding: Decoding, load_kwargs) -> list[Generation]:
-    if isinstance(model_spec, tuple):
-        raise UserError("the vllm backend takes a model id or directory, not a loaded model")
-    try:
-        from vllm import LLM, SamplingParams
-    except ImportError:
-        raise UserError("the vllm backend needs vLLM (pip install -e '.[paper]')") from None
-    from mistill.models.loading import load_tokenizer
-
-    tokenizer = load_tokenizer(str(model_spec))
-    engine_kwargs = {"model": str(model_spec), "seed": 0}
-    rope = load_kwargs.get("rope_scaling")
-    if rope:  # the same static YaRN as the HF path (loading.apply_rope_scaling)
-        params = {"rope_type": "yarn", **rope}
-        engine_kwargs["hf_overrides"] = {"rope_parameters": params, "rope_scaling": params,
-                                         "max_position_embeddings": int(rope["factor"] * rope["original_max_position_embeddings"])}
-    if load_kwargs.get("dtype"):
-        engine_kwargs["dtype"] = load_kwargs["dtype"]
-    engine_kwargs.update(load_kwargs.get("vllm", {}))
-    llm = LLM(**engine_kwargs)
-    texts = [tokenizer.chat_prompt(p) for p in prompts]
-    sampling = [SamplingParams(temperature=decoding.temperature, top_p=decoding.top_p, top_k=decoding.top_k,
-                               max_tokens=decoding.max_new_tokens, seed=int(s), skip_special_tokens=False)
-                for s in seeds]
-    outputs = llm.generate(texts, sampling)
-    results = []
-    for prompt, seed, out in zip(prompts, seeds, outputs):
-        choice = out.outputs[0]
-        results.append(Generation(prompt, choice.text, len(choice.token_ids), choice.finish_reason == "length",
-                                  int(seed)))
-    return results
+def completion_of(prompt: str, new_ids: Sequence[int], tokenizer, seed: int) -> Generation:
+    """The stop rule, shared by both backends: a generation is closed by the model's end-of-turn token,
+    which is counted but not decoded; one that ends without it ran into the cap."""
+    new_ids = list(new_ids)
+    closed = bool(new_ids) and new_ids[-1] == tokenizer.eos_token_id
+    text_ids = new_ids[:-1] if closed else new_ids
+    return Generation(prompt, tokenizer.decode(text_ids), len(new_ids), not closed, int(seed))

@@ -1,22 +1,34 @@
-"""`load_model(spec) -> (model, tokenizer)`: one loader for HF ids and local directories.
+"""`load_model(spec) -> (model, tokenizer)`: every model is loaded as the profile runs it.
 
-* A local directory (the demo models under `models/demo/`, or a downloaded
-  checkpoint) must hold `config.json` and safetensors weights; its tokenizer is
-  the compact remap (`tokenizer_remap.json`) or, failing that, the tokenizer
-  files transformers reads.
-* An HF id (`Qwen/Qwen3-14B`) is resolved from the local Hugging Face cache only:
-  `HF_HUB_OFFLINE` is set so a missing checkpoint fails instead of resolving to
-  another revision (App. J.1), and the failure is a one-line `UserError`.
+A `ModelSpec` is one model as params describe it: where its weights are (an HF id
+or a local directory), the HF commit of an id, the dtype, the static YaRN factor
+and the attention implementation.  `ModelSpec.from_params(models, name)` builds
+it from the profile's `models` section, so a call site names a model and cannot
+forget its positional scaling or its revision.
 
-Positional scaling is part of the characterized system (App. B): static YaRN is
-applied from params (`rope_scaling`), factor x original window becoming the
-model's maximum position, and the same dict is handed to vLLM.
+* A local directory (the demo models under `models/demo/`, a trained student's
+  `model/`) must hold `config.json` and safetensors weights; its tokenizer is the
+  compact remap (`tokenizer_remap.json`) or, failing that, the tokenizer files
+  transformers reads.
+* An HF id (`Qwen/Qwen3-14B`) is the snapshot of its pinned revision in the local
+  Hugging Face cache, loaded as a directory: nothing is downloaded and a missing
+  checkpoint fails instead of resolving to another revision (App. J.1).
+
+Positional scaling is part of the characterized system (App. B): static YaRN from
+params (`rope_scaling`), factor x original window becoming the model's maximum
+position, in training, generation and every teacher-forced pass (App. J.1); the
+vLLM backend hands the same parameters to its engine.  The dtype is given to
+`from_pretrained(dtype=...)` only: casting a built model (`model.to(torch.bfloat16)`)
+also rounds RoPE's `inv_freq` buffer to bf16, which puts angle errors of radians
+on positions in the tens of thousands.
 """
 
 from __future__ import annotations
 
 import os
 import re
+from collections.abc import Mapping
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -28,11 +40,78 @@ from mistill.models.tokenizers import REMAP_FILE, CompactTokenizer, HFTextTokeni
 HF_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
 WEIGHT_PATTERNS = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin")
 WEIGHTS_HINT = "the file looks truncated or corrupt: retrain or re-fetch it (or restore it: dvc checkout)"
+DTYPES = ("float32", "bfloat16", "float16")
+# RoPE buffers that transformers computes in fp32 and never stores in a checkpoint
+ROPE_BUFFERS = ("inv_freq", "original_inv_freq")
 
 
 def is_local_spec(spec: str) -> bool:
     """A spec names a local directory if it exists or cannot be an HF id (`owner/name`)."""
     return Path(spec).exists() or not HF_ID.match(spec) or spec.startswith((".", "/"))
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    """One model as the profile runs it."""
+
+    source: str                                 # an HF id or a local directory
+    dtype: str | None = None                    # None: the checkpoint's own
+    rope_scaling: dict[str, Any] | None = None  # static YaRN; None: the checkpoint's own positions
+    revision: str | None = None                 # the HF commit of an id; None: the cache's `main`
+    attn_implementation: str = DEFAULT_ATTN
+    name: str | None = None                     # the params key it was resolved from (teacher, student_qwen, ...)
+
+    def __post_init__(self):
+        if self.dtype is not None and self.dtype not in DTYPES:
+            raise UserError(f"unknown dtype {self.dtype!r}; use {', '.join(DTYPES)}")
+        if self.rope_scaling:
+            yarn_window(self.rope_scaling)  # a malformed scaling fails when the spec is made, not mid-run
+
+    @property
+    def is_local(self) -> bool:
+        return is_local_spec(self.source)
+
+    @classmethod
+    def from_params(cls, models: Mapping[str, Any], model: str | Path, *, base: str | None = None,
+                    **overrides: Any) -> ModelSpec:
+        """The spec of `model` under the profile's `models` section.
+
+        `model` is a params key (`teacher`, `student_qwen`, `student_smol`), the id or directory one of
+        them names, or another checkpoint.  A trained checkpoint is its `base` model's: it takes that
+        model's YaRN factor (its own config.json already carries the one it was trained under).
+        `overrides` replace single settings (`attn_implementation="sdpa"` for training,
+        `dtype="float32"` for an fp32 arm).
+        """
+        model = str(model)
+        named = {key: str(value) for key, value in models.items() if isinstance(value, str | Path)}
+        name = model if model in named else next((k for k, v in named.items() if v == model), base)
+        source = named.get(model, model)
+        scalings = models.get("rope_scaling") or {}
+        # a profile says every model's positions, null included: a model it forgot is an error, not "no YaRN"
+        if name is not None and "rope_scaling" in models and name not in scalings:
+            raise UserError(f"params models.rope_scaling has no entry for {name!r} "
+                            "(null: the model's native positions, no YaRN)")
+        own_checkpoint = name is not None and named.get(name) == source
+        revision = (models.get("revision") or {}).get(name) if own_checkpoint and not is_local_spec(source) else None
+        settings = {"dtype": models.get("dtype"), "attn_implementation": models.get("attn_implementation")
+                    or DEFAULT_ATTN, "rope_scaling": scalings.get(name) if name else None,
+                    "revision": revision, **overrides}
+        return cls(source=source, name=name, **settings)
+
+    def replace(self, **changes: Any) -> ModelSpec:
+        return replace(self, **changes)
+
+
+def as_spec(spec: ModelSpec | str | Path) -> ModelSpec:
+    """A bare directory or id is the checkpoint exactly as its files say (no YaRN, no revision pin)."""
+    return spec if isinstance(spec, ModelSpec) else ModelSpec(source=str(spec))
+
+
+def yarn_window(rope_scaling: Mapping[str, Any]) -> int:
+    """Static YaRN's maximum position: factor x original window (App. B: 40,960 x 4 = 163,840)."""
+    if "factor" not in rope_scaling or "original_max_position_embeddings" not in rope_scaling:
+        raise UserError("rope_scaling needs 'factor' and 'original_max_position_embeddings'")
+    return int(float(rope_scaling["factor"]) * int(rope_scaling["original_max_position_embeddings"]))
 
 
 def apply_rope_scaling(config: Any, rope_scaling: dict[str, Any] | None) -> Any:
@@ -43,39 +122,47 @@ def apply_rope_scaling(config: Any, rope_scaling: dict[str, Any] | None) -> Any:
     """
     if not rope_scaling:
         return config
-    scaling = dict(rope_scaling)
-    if "factor" not in scaling or "original_max_position_embeddings" not in scaling:
-        raise UserError("rope_scaling needs 'factor' and 'original_max_position_embeddings'")
+    window = yarn_window(rope_scaling)
     params = dict(getattr(config, "rope_parameters", None) or {})
-    params.update(scaling)
+    params.update(rope_scaling)
     params.setdefault("rope_type", "yarn")
     config.rope_parameters = params
-    config.max_position_embeddings = int(scaling["factor"] * scaling["original_max_position_embeddings"])
+    config.max_position_embeddings = window
     return config
 
 
 def _torch_dtype(dtype: str | None):
     import torch
 
-    if dtype is None:
-        return None
+    return None if dtype is None else getattr(torch, dtype)
+
+
+def checkpoint_directory(spec: ModelSpec | str | Path) -> Path:
+    """The directory a model is read from: a local checkpoint, or an HF id's cached snapshot of its revision."""
+    spec = as_spec(spec)
+    if spec.is_local:
+        return _local_dir(spec.source)
+    os.environ["HF_HUB_OFFLINE"] = "1"  # App. J.1: loaded offline from a local cache
+    from huggingface_hub import snapshot_download
+
     try:
-        return {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}[dtype]
-    except KeyError:
-        raise UserError(f"unknown dtype {dtype!r}; use float32, bfloat16 or float16") from None
+        return Path(snapshot_download(spec.source, revision=spec.revision, local_files_only=True))
+    except (OSError, ValueError) as err:  # not cached (LocalEntryNotFoundError), or not a valid id
+        at = f" at revision {spec.revision}" if spec.revision else ""
+        reason = str(err).splitlines()[0] if str(err) else type(err).__name__
+        raise UserError(f"unknown model id {spec.source!r}{at}, or it is not in the local Hugging Face cache "
+                        f"(nothing is downloaded): {reason}") from None
 
 
-def load_tokenizer(spec: str):
-    """The `TextTokenizer` of a local model directory or an HF id."""
-    if is_local_spec(spec):
-        directory = _local_dir(spec)
-        if (directory / REMAP_FILE).exists():
-            return CompactTokenizer.load(directory)
-        if not any((directory / f).exists() for f in ("tokenizer.json", "tokenizer_config.json")):
-            raise UserError(f"{directory}: no tokenizer files ({REMAP_FILE} or tokenizer.json)")
-        return _auto_tokenizer(str(directory), spec)
-    os.environ["HF_HUB_OFFLINE"] = "1"
-    return _auto_tokenizer(spec, spec)
+def load_tokenizer(spec: ModelSpec | str | Path):
+    """The `TextTokenizer` of a local model directory or an HF id's pinned snapshot."""
+    spec = as_spec(spec)
+    directory = checkpoint_directory(spec)
+    if (directory / REMAP_FILE).exists():
+        return CompactTokenizer.load(directory)
+    if not any((directory / f).exists() for f in ("tokenizer.json", "tokenizer_config.json")):
+        raise UserError(f"{directory}: no tokenizer files ({REMAP_FILE} or tokenizer.json)")
+    return _auto_tokenizer(str(directory), spec.source)
 
 
 def _auto_tokenizer(source: str, name: str) -> HFTextTokenizer:
@@ -98,6 +185,20 @@ def _local_dir(spec: str) -> Path:
     return directory
 
 
+def weight_shards(directory: Path) -> list[Path]:
+    """The safetensors files of a checkpoint (one file, or the shards its index names); [] for a .bin."""
+    index = directory / "model.safetensors.index.json"
+    if (directory / "model.safetensors").exists():
+        return [directory / "model.safetensors"]
+    if not index.exists():
+        return []
+    weight_map = read_json(index, "weights index")
+    weight_map = weight_map.get("weight_map") if isinstance(weight_map, dict) else None
+    if not isinstance(weight_map, dict) or not weight_map:
+        raise UserError(f"{index}: no 'weight_map'; re-fetch the checkpoint")
+    return [directory / name for name in sorted(set(map(str, weight_map.values())))]
+
+
 def check_local_files(directory: Path) -> None:
     """Read a local checkpoint's config.json and safetensors headers before transformers does, so a
     corrupt config or a truncated weights file is named instead of passing for an unknown model."""
@@ -106,22 +207,12 @@ def check_local_files(directory: Path) -> None:
     if not isinstance(config, dict) or not isinstance(config.get("model_type"), str):
         raise UserError(f"{config_path}: no 'model_type' key; not a transformers model config "
                         "(re-save or re-fetch the checkpoint)")
-    index = directory / "model.safetensors.index.json"
-    if (directory / "model.safetensors").exists():
-        shards = [directory / "model.safetensors"]
-    elif index.exists():
-        weight_map = read_json(index, "weights index")
-        weight_map = weight_map.get("weight_map") if isinstance(weight_map, dict) else None
-        if not isinstance(weight_map, dict) or not weight_map:
-            raise UserError(f"{index}: no 'weight_map'; re-fetch the checkpoint")
-        shards = [directory / name for name in sorted(set(map(str, weight_map.values())))]
-    else:
-        return  # pytorch_model.bin: transformers reads it
     from safetensors import SafetensorError, safe_open
 
-    for shard in shards:
+    for shard in weight_shards(directory):
         if not shard.is_file():
-            raise UserError(f"{shard}: missing weights shard named in {index.name}; re-fetch the checkpoint")
+            raise UserError(f"{shard}: missing weights shard named in model.safetensors.index.json; "
+                            "re-fetch the checkpoint")
         try:
             with safe_open(str(shard), framework="pt"):
                 pass
@@ -130,42 +221,57 @@ def check_local_files(directory: Path) -> None:
             raise UserError(f"{shard}: unreadable weights ({reason}); {WEIGHTS_HINT}") from None
 
 
-def load_model(spec: str | Path, *, dtype: str | None = None, rope_scaling: dict[str, Any] | None = None,
-               attn_implementation: str = DEFAULT_ATTN, device: str | None = None):
-    """(model, tokenizer) for a local directory or an HF id, in eval mode."""
+def load_model(spec: ModelSpec | str | Path, *, device: str | None = None):
+    """(model, tokenizer) as the spec says, in eval mode.
+
+    A bare directory is loaded as its files say; a profile's model is loaded through
+    `ModelSpec.from_params`, which carries its YaRN factor, revision and dtype.
+    """
     from safetensors import SafetensorError
     from transformers import AutoConfig, AutoModelForCausalLM
 
-    spec = str(spec)
-    local = is_local_spec(spec)
-    if local:
-        source = str(_local_dir(spec))
-        check_local_files(Path(source))
-    else:
-        os.environ["HF_HUB_OFFLINE"] = "1"  # App. J.1: loaded offline from a local cache
-        source = spec
+    spec = as_spec(spec)
+    directory = checkpoint_directory(spec)
+    check_local_files(directory)
     offline = {"local_files_only": True}  # never resolve to another revision (App. J.1)
     try:
-        config = AutoConfig.from_pretrained(source, **offline)
-    except (OSError, ValueError) as err:
-        if local:  # its config.json parsed (check_local_files): transformers rejects what it says
-            raise UserError(f"{source}/config.json: transformers cannot build a config from it "
-                            f"({str(err).splitlines()[0]}); re-save or re-fetch the checkpoint") from None
-        raise UserError(f"unknown model id {spec!r}, or it is not in the local Hugging Face cache "
-                        f"(nothing is downloaded): {str(err).splitlines()[0]}") from None
-    apply_rope_scaling(config, rope_scaling)
+        config = AutoConfig.from_pretrained(str(directory), **offline)
+    except (OSError, ValueError) as err:  # its config.json parsed (check_local_files): transformers rejects it
+        raise UserError(f"{directory}/config.json: transformers cannot build a config from it "
+                        f"({str(err).splitlines()[0]}); re-save or re-fetch the checkpoint") from None
+    apply_rope_scaling(config, spec.rope_scaling)
     try:
-        model = AutoModelForCausalLM.from_pretrained(source, config=config, dtype=_torch_dtype(dtype),
-                                                     attn_implementation=attn_implementation, **offline)
+        model = AutoModelForCausalLM.from_pretrained(str(directory), config=config, dtype=_torch_dtype(spec.dtype),
+                                                     attn_implementation=spec.attn_implementation, **offline)
     except (OSError, ValueError) as err:
-        raise UserError(f"cannot load the weights of {spec!r}: {str(err).splitlines()[0]}") from None
-    except SafetensorError as err:  # an HF id's cached weights (local ones are checked above)
-        raise UserError(f"cannot load the weights of {spec!r}: {str(err).splitlines()[0]}; "
+        raise UserError(f"cannot load the weights of {spec.source!r}: {str(err).splitlines()[0]}") from None
+    except SafetensorError as err:
+        raise UserError(f"cannot load the weights of {spec.source!r}: {str(err).splitlines()[0]}; "
                         f"{WEIGHTS_HINT}") from None
     if device:
-        model = model.to(device)
+        model = model.to(device)  # a device move keeps every dtype
     tokenizer = load_tokenizer(spec)
     if tokenizer.vocab_size > model.config.vocab_size:
-        raise UserError(f"{spec}: tokenizer has {tokenizer.vocab_size} ids but the model only "
+        raise UserError(f"{spec.source}: tokenizer has {tokenizer.vocab_size} ids but the model only "
                         f"{model.config.vocab_size}")
     return model.eval(), tokenizer
+
+
+def rope_buffers(model) -> dict[str, Any]:
+    """Every RoPE frequency buffer of a model by name (what must stay fp32)."""
+    return {name: buf for name, buf in model.named_buffers() if name.rsplit(".", 1)[-1] in ROPE_BUFFERS}
+
+
+def cast_weights(model, dtype):
+    """A built model's weights in `dtype`, as `from_pretrained(dtype=...)` would have loaded them.
+
+    Parameters and stored buffers change dtype; RoPE's `inv_freq` (computed in fp32, never stored)
+    keeps its fp32 tensor, which `model.to(dtype)` alone would round.  For models built in memory
+    (tests, benchmarks); a checkpoint is loaded in its dtype instead.
+    """
+    rope = rope_buffers(model)
+    model.to(dtype)
+    for name, fp32 in rope.items():  # `to` made new tensors; the fp32 originals go back in their place
+        owner, _, leaf = name.rpartition(".")
+        model.get_submodule(owner)._buffers[leaf] = fp32
+    return model

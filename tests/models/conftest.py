@@ -1,0 +1,95 @@
+"""Stand-ins for the paper profile's machinery: tiny models under the paper's model ids in a local
+Hugging Face cache, and a fake `vllm` module (tests/fakes/vllm) that records what it was asked."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import sys
+from pathlib import Path
+
+import pytest
+
+from mistill.models.architectures import TinyArchitecture, build_model
+from mistill.models.tokenizers import CompactTokenizer, build_remap, qwen3_tokenizer, smollm3_tokenizer
+from mistill.world.prompt import build_prompt
+from tests.distill.conftest import COMPLETION, LINES, NOTE_TEXT
+
+FAKES = Path(__file__).resolve().parents[1] / "fakes"
+
+QWEN = {"family": "qwen3", "hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 2,
+        "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 8,
+        "max_position_embeddings": 40960}  # the released Qwen3 configs' window, App. B's YaRN base
+SMOL = {"family": "smollm3", "hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 4,
+        "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 8, "no_rope_layer_interval": 4,
+        "max_position_embeddings": 65536, "rope_theta": 5_000_000.0}  # SmolLM3-3B's native window
+
+
+def covered_text(base) -> list[str]:
+    """What the tiny models' vocabulary covers: the distill tests' templated prompt and completion."""
+    return [base.chat_prompt(build_prompt(NOTE_TEXT, LINES)) + COMPLETION, "code N18.3 chronic kidney disease"]
+
+
+def save_tiny(directory: Path, arch: dict, seed: int = 0) -> Path:
+    """A tiny model of the architecture with its compact tokenizer, saved as a checkpoint directory."""
+    base = qwen3_tokenizer() if arch["family"] == "qwen3" else smollm3_tokenizer()
+    tokenizer = CompactTokenizer(base, build_remap(base, covered_text(base)))
+    model = build_model(TinyArchitecture.from_params(arch), vocab_size=tokenizer.vocab_size,
+                        eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id, seed=seed)
+    model.save_pretrained(directory)
+    tokenizer.save(directory)
+    return directory
+
+
+def cache_checkpoint(cache: Path, repo_id: str, revision: str, directory: Path) -> Path:
+    """Put a checkpoint into a Hugging Face cache as the hub client does: content-addressed blobs
+    (`blobs/<sha256>`), a snapshot of symlinks per commit, and `refs/main` naming the commit."""
+    repo = cache / f"models--{repo_id.replace('/', '--')}"
+    snapshot = repo / "snapshots" / revision
+    snapshot.mkdir(parents=True)
+    (repo / "blobs").mkdir(exist_ok=True)
+    for path in sorted(directory.iterdir()):
+        data = path.read_bytes()
+        blob = repo / "blobs" / hashlib.sha256(data).hexdigest()
+        blob.write_bytes(data)
+        (snapshot / path.name).symlink_to(os.path.relpath(blob, snapshot))
+    (repo / "refs").mkdir(exist_ok=True)
+    (repo / "refs" / "main").write_text(revision)
+    return snapshot
+
+
+@pytest.fixture(scope="session")
+def paper_models(tmp_path_factory):
+    """The paper profile's three model ids as tiny checkpoints in a local cache, at the pinned revisions."""
+    from mistill.params import load_params
+
+    models = load_params(profile="paper")["models"]
+    root = tmp_path_factory.mktemp("hub")
+    cache = root / "cache"
+    archs = {"teacher": QWEN, "student_qwen": QWEN, "student_smol": SMOL}
+    for seed, (key, arch) in enumerate(archs.items()):
+        directory = save_tiny(root / key, arch, seed=seed)
+        cache_checkpoint(cache, models[key], models["revision"][key], directory)
+    return cache, models
+
+
+@pytest.fixture
+def hub_cache(paper_models, monkeypatch):
+    """The paper's models section, its ids served offline from the tiny cache."""
+    import huggingface_hub.constants
+
+    cache, models = paper_models
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_CACHE", str(cache))
+    return models
+
+
+@pytest.fixture
+def fake_vllm(monkeypatch):
+    """`import vllm` finds the fake; its engine list starts empty."""
+    monkeypatch.syspath_prepend(str(FAKES))
+    monkeypatch.delitem(sys.modules, "vllm", raising=False)
+    import vllm
+
+    vllm.ENGINES.clear()
+    yield vllm
+    sys.modules.pop("vllm", None)
