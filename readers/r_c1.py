@@ -11,10 +11,21 @@ from mistill.instrument.events import KINDS
 from mistill.instrument.passes import artifact_state, load_events
 from mistill.instrument.readout import active_params, emit, instrument_dir, load_json, reader_args, value
 
+READER = "readers/r_c1.py"
 
-def main() -> int:
-    args = reader_args(__doc__.splitlines()[0])
-    params = active_params(args.profile)
+
+def keys(params: dict) -> list[str]:
+    """Every key this reader can write (none depends on params)."""
+    out = [f"{k.lower()}_event_count" for k in KINDS]
+    out += ["p2c_events_with_earlier_code_mentions", "p2c_events_uncapped",
+            "first_mentions_that_are_siblings_of_earlier"]
+    for k in (k.lower() for k in KINDS):
+        out += [f"notes_with_{k}_events", f"median_{k}_margin", f"p10_{k}_margin", f"p90_{k}_margin",
+                f"median_{k}_entropy", f"share_{k}_margin_below_5", f"share_{k}_margin_below_0"]
+    return out
+
+
+def compute_values(params: dict) -> tuple[dict, list]:
     out = instrument_dir(params)
     summary = load_json(out / "events_summary.json")
     events = {k: [] for k in KINDS}
@@ -53,8 +64,14 @@ def main() -> int:
                                          "competitors", art)
         v[f"share_{k}_margin_below_5"] = value(float((margins < 5).mean()), "share of events", art)
         v[f"share_{k}_margin_below_0"] = value(float((margins < 0).mean()), "share of events", art)
-    emit("R-C1", v, reader="readers/r_c1.py", inputs=[out / "events_summary.json"] +
-         sorted(out.glob("*/events.jsonl")), params=params, strict=args.strict)
+    return v, [out / "events_summary.json"] + sorted(out.glob("*/events.jsonl"))
+
+
+def main() -> int:
+    args = reader_args(__doc__.splitlines()[0])
+    params = active_params(args.profile)
+    values, inputs = compute_values(params)
+    emit("R-C1", values, reader=READER, inputs=inputs, params=params, strict=args.strict)
     return 0
 
 

@@ -1,5 +1,10 @@
 """R-C2 (Table 8): attribution fidelity against exact patching, the noise floor, the hook validation
-and the NULL calibration checks."""
+and the NULL calibration checks.
+
+The self-test's top-k (`instrument.selftest.selftest_top_k`) and the NULL summary's top-k
+(`instrument.calibration.summary_top_k`) name their keys (the paper's top-20 and top-16); the
+artifacts record the k they used, and the keys are named from those.
+"""
 
 from __future__ import annotations
 
@@ -8,10 +13,25 @@ import numpy as np
 from mistill.instrument.readout import active_params, emit, instrument_dir, load_json, reader_args, value
 from mistill.io import read_jsonl
 
+READER = "readers/r_c2.py"
 
-def main() -> int:
-    args = reader_args(__doc__.splitlines()[0])
-    params = active_params(args.profile)
+
+def keys(params: dict) -> list[str]:
+    """Every key this reader can write under `params`."""
+    instrument = params["instrument"]
+    k = instrument["selftest"]["selftest_top_k"]
+    kk = instrument["calibration"]["summary_top_k"]
+    return ["attr_vs_exact_corr_detached_hook", "attr_vs_exact_corr_intact_graph",
+            "attr_vs_exact_corr_detached_above_noise", "attr_vs_exact_corr_intact_above_noise",
+            "forward_margin_noise_sd", "forward_noise_range", "single_head_detection_floor",
+            "integrated_gradients_corr_intact", "intact_spearman", "detached_spearman",
+            f"detached_top{k}_effect_recovered", f"intact_top{k}_effect_recovered", f"intact_top{k}_overlap_with_exact",
+            "heads_above_noise_floor_per_event", "null_bh_positive_heads_raw", "null_bh_negative_heads_raw",
+            "ic_split_half_null_discoveries", f"null_top{kk}_mean_effect", "raw_vs_null_ranking_spearman",
+            "all_heads_knockin_minus_clean_margin", "all_heads_knockin_minus_clean_max_abs"]
+
+
+def compute_values(params: dict) -> tuple[dict, list]:
     out = instrument_dir(params)
     st = load_json(out / "selftest.json")
     cal = load_json(out / "calibration.json")
@@ -36,9 +56,9 @@ def main() -> int:
         f"intact_top{k}_effect_recovered": value(100 * st["intact"]["top_k_effect_recovered"],
                                                  f"percent of the exact top-{k} effect", sa),
         f"intact_top{k}_overlap_with_exact": value(st["intact"]["top_k_overlap"], f"mean count of {k}", sa),
-        "heads_above_noise_per_event": value([st["intact"]["heads_above_noise_per_event_min"],
-                                              st["intact"]["heads_above_noise_per_event_max"]],
-                                             "range of counts over events", sa),
+        "heads_above_noise_floor_per_event": value([st["intact"]["heads_above_noise_per_event_min"],
+                                                    st["intact"]["heads_above_noise_per_event_max"]],
+                                                   "range of counts over events", sa),
     }
     if "null_raw_bh_positive" in cal:
         v["null_bh_positive_heads_raw"] = value(cal["null_raw_bh_positive"], "count (BH, raw NULL I)", ca)
@@ -58,8 +78,14 @@ def main() -> int:
         pa = out / "<note>/patch2.jsonl"
         v["all_heads_knockin_minus_clean_margin"] = value(float(np.median(diffs)), "nats, median difference", pa)
         v["all_heads_knockin_minus_clean_max_abs"] = value(float(np.max(np.abs(diffs))), "nats, max |diff|", pa)
-    emit("R-C2", v, reader="readers/r_c2.py", inputs=[sa, ca, *sorted(out.glob("*/patch2.jsonl"))],
-         params=params, strict=args.strict)
+    return v, [sa, ca, *sorted(out.glob("*/patch2.jsonl"))]
+
+
+def main() -> int:
+    args = reader_args(__doc__.splitlines()[0])
+    params = active_params(args.profile)
+    values, inputs = compute_values(params)
+    emit("R-C2", values, reader=READER, inputs=inputs, params=params, strict=args.strict)
     return 0
 
 

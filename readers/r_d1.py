@@ -9,6 +9,7 @@ from pathlib import Path
 
 from mistill.evaluate.readout import (
     answers,
+    arm_labels,
     load_arms,
     m1_shares,
     m1_text,
@@ -18,9 +19,17 @@ from mistill.evaluate.readout import (
     write,
 )
 
-__all__ = ["compute_values", "write"]
+__all__ = ["compute_values", "keys", "write"]
 
 READER = "readers/r_d1.py"
+ROWS = (("qwen_untrained", "qwen3_4b_untrained"), ("smollm_untrained", "smollm3_3b_untrained"))
+
+
+def keys(params: dict) -> list[str]:
+    """Every key this reader can write under `params` (one set per untrained row params name)."""
+    labels = arm_labels(params)
+    return [f"{prefix}_{what}" for row, prefix in ROWS if row in labels
+            for what in ("microf1", "valid_rate", "m1_p1_p2_p2c")]
 
 
 # ---- R-D1 -------------------------------------------------------------------------------------------------
@@ -30,7 +39,7 @@ def compute_values(params: dict) -> tuple[dict, list[Path]]:
     notes = test_notes(params)
     v: dict = {}
     inputs: list[Path] = []
-    for row, prefix in (("qwen_untrained", "qwen3_4b_untrained"), ("smollm_untrained", "smollm3_3b_untrained")):
+    for row, prefix in ROWS:
         if row not in arms:
             continue
         arm = arms[row][min(arms[row])]

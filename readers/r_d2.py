@@ -16,6 +16,7 @@ from pathlib import Path
 
 from mistill.errors import UserError
 from mistill.evaluate.readout import (
+    arm_labels,
     completed_precision_recall,
     load_arms,
     m1_shares,
@@ -28,11 +29,32 @@ from mistill.evaluate.readout import (
     seeds_text,
     teacher_micro_f1,
     test_notes,
+    training_seeds,
     value,
     where,
 )
 
 READER = "readers/r_d2.py"
+
+
+def keys(params: dict) -> list[str]:
+    """Every key this reader can write under `params`: s.d. over seeds with two or more training seeds,
+    the seed-0 values when seed 0 is trained, the comparisons when the untrained row is named."""
+    labels, seeds = arm_labels(params), training_seeds(params)
+    out = []
+    for family in ("qwen", "smollm"):
+        if f"{family}_vanilla_fp32" not in labels:
+            continue
+        out += [f"{family}_vanilla_fp32_microf1", f"{family}_vanilla_fp32_microf1_seeds",
+                f"{family}_vanilla_fp32_valid_rate"]
+        out += [f"{family}_vanilla_fp32_microf1_sd"] if len(seeds) >= 2 else []
+        if f"{family}_untrained" in labels:
+            out += [f"{family}_vanilla_minus_untrained", f"{family}_vanilla_gap_recovered"]
+        if 0 in seeds:
+            out += [f"{family}_vanilla_fp32_seed0_microf1", f"{family}_vanilla_fp32_bleu4",
+                    f"{family}_vanilla_fp32_trace_ppl", f"{family}_vanilla_las", f"{family}_vanilla_fp32_m1_p1_p2c",
+                    f"{family}_vanilla_fp32_tail_macro_f1", f"{family}_vanilla_fp32_completed_precision_recall"]
+    return out
 
 
 def compute_values(params: dict) -> tuple[dict, list[Path]]:

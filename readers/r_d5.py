@@ -20,6 +20,7 @@ import numpy as np
 from mistill.errors import UserError
 from mistill.evaluate.readout import (
     ArmSeed,
+    arm_labels,
     completed_precision_recall,
     load_arms,
     m1_shares,
@@ -31,11 +32,38 @@ from mistill.evaluate.readout import (
     seed_mean_sd,
     seeds_text,
     test_notes,
+    training_seeds,
     value,
     where,
 )
 
 READER = "readers/r_d5.py"
+M1_COLUMN = (("qwen_mistill", "m1_p2c_mistill"), ("qwen_vanilla_bf16", "m1_p2c_bf16_vanilla"),
+             ("qwen_vanilla_fp32", "m1_p2c_fp32_vanilla"))
+
+
+def keys(params: dict) -> list[str]:
+    """Every key this reader can write under `params`: s.d. over seeds with two or more training seeds,
+    the seed-0 values when seed 0 is trained, the comparisons when both rows are named."""
+    labels, seeds = arm_labels(params), training_seeds(params)
+    out = []
+    for family in ("qwen", "smollm"):
+        for name in ("mistill", "vanilla_bf16"):
+            if f"{family}_{name}" in labels:
+                out += [f"{family}_{name}_microf1"] + ([f"{family}_{name}_microf1_sd"] if len(seeds) >= 2 else [])
+        if f"{family}_mistill" in labels:
+            out.append(f"{family}_mistill_valid_rate")
+            if 0 in seeds:
+                out += [f"{family}_mistill_seed0_microf1", f"{family}_mistill_seed0_m1_p1_p2_p2c",
+                        f"{family}_mistill_completed_precision_recall"]
+        if {f"{family}_mistill", f"{family}_vanilla_bf16"} <= set(labels):
+            out.append(f"{family}_mistill_vs_bf16_vanilla_per_note")
+            if family == "qwen":
+                out += ["task_note_pairs_mistill_vs_bf16", "m1_p2c_note_pairs_mistill_higher",
+                        "m1_p2c_pooled_mean_diff_vs_bf16", "m1_p1_pooled_mean_diff_vs_bf16"]
+            else:
+                out += ["smollm_task_pairs_vs_bf16", "smollm_m1_p2c_mean_diff_vs_bf16"]
+    return out + [key for row, key in M1_COLUMN if row in labels]
 
 
 def seed_pairs(arm: dict[int, ArmSeed], reference: dict[int, ArmSeed]) -> list[tuple[ArmSeed, ArmSeed]]:
@@ -136,8 +164,7 @@ def compute_values(params: dict) -> tuple[dict, list[Path]]:
                 p1["mean"], f"mean of the per-note M1 share difference at P1 events, pooled over {pair_text} "
                 f"({p1['higher']} higher, {p1['lower']} lower of {p1['n']} note-pairs)", art)
     # Table 2's M1 column on Qwen3-4B: P2C share, mean over seeds
-    for row, key in (("qwen_mistill", "m1_p2c_mistill"), ("qwen_vanilla_bf16", "m1_p2c_bf16_vanilla"),
-                     ("qwen_vanilla_fp32", "m1_p2c_fp32_vanilla")):
+    for row, key in M1_COLUMN:
         seeds = arms.get(row) or {}
         shares = [m1_shares(a, ("P2C",)) for a in seeds.values()]
         shares = [s[0] for s in shares if s is not None]

@@ -1,7 +1,7 @@
 """R-D6 (Sec. 4.4, Table 3, App. K Table 45): own-heads knock-in recovery of each arm's re-ranked heads,
 beside the random floors and the teacher, and Mistill against Vanilla CoT-KD seed-matched and note-clustered.
 
-Reads the own-heads chain's M6-<arm>-s<seed>/ artifacts (arm labels: params evaluate.own_heads.arms)
+Reads the own-heads chain's M6/<arm>-s<seed>/ artifacts (arm labels: params evaluate.own_heads.arms)
 and the teacher's shortlist knock-in (evaluate.own_heads.teacher_faithfulness); writes the registry's
 R-D6 keys that the artifacts present can give through mistill.repro.numbers.write_numbers.  Keys
 keep the paper's names (k40, random40); under a profile with fewer heads the set sizes are the
@@ -20,6 +20,30 @@ from mistill.evaluate.readout import main_for
 from mistill.stats import StatsParams
 
 READER = "readers/r_d6.py"
+
+
+def keys(params: dict) -> list[str]:
+    """Every key this reader can write under `params` (the rows evaluate.own_heads.arms names)."""
+    labels = set((params["evaluate"]["own_heads"].get("arms") or {}))
+    out = ["own_all_heads_knockin_minus_clean_max_abs", "teacher_hd002_p2c_k40"]
+    for family in ("qwen", "smollm"):
+        if f"{family}_untrained" in labels:
+            out += [f"untrained_{family}_own_p2c_k40", f"{family}_untrained_random40_floors_p1_p2c"]
+    if "smollm_untrained" in labels:
+        out.append("smollm_random40_floor_p2c")
+    if "qwen_untrained" in labels:
+        out.append("untrained_qwen_share_of_teacher")
+    for family in ("qwen", "smollm"):
+        for tag in ("fp32", "bf16"):
+            if {f"{family}_mistill", f"{family}_vanilla_{tag}"} <= labels:
+                out += [f"{family}_mistill_minus_{tag}_vanilla_p2c", f"{family}_mistill_minus_{tag}_vanilla_p2"]
+    if {"qwen_mistill", "qwen_vanilla_bf16"} <= labels:
+        out += ["qwen_mistill_vs_bf16_p2c_sign_p", "qwen_mistill_minus_bf16_vanilla_p2_lower_notes"]
+    if {"qwen_mistill", "qwen_vanilla_fp32"} <= labels:
+        out += ["qwen_m2_mistill_minus_fp32_vanilla_p2c", "qwen_m2_mistill_minus_fp32_vanilla_p1"]
+    out += ["smollm_bf16_vanilla_own_p2c"] if "smollm_vanilla_bf16" in labels else []
+    out += ["smollm_fp32_vanilla_own_p2c_seeds"] if "smollm_vanilla_fp32" in labels else []
+    return out
 
 
 def _value(v, statistic: str, artifact) -> dict:
@@ -50,7 +74,7 @@ def compute_values(params: dict) -> tuple[dict, list[Path]]:
         return arm_values(root, present[row][0], "m2", phase=phase)
 
     def where(row: str) -> str:
-        return f"{root}/M6-{present[row][0]}-s*"
+        return f"{root}/M6/{present[row][0]}-s*"
 
     median_stat = f"median over test notes of per-note mean recovery (own top-{k}, 1-nat gate); mean over seeds"
     floor_stat = f"median over test notes, count-matched random-{k} sets redrawn per note; [P1, P2C]"
@@ -74,7 +98,7 @@ def compute_values(params: dict) -> tuple[dict, list[Path]]:
     if gaps:
         v["own_all_heads_knockin_minus_clean_max_abs"] = _value(
             max(gaps), "nats, max |all-heads knock-in margin - clean margin| over arms, seeds, phases and events",
-            f"{root}/M6-*")
+            f"{root}/M6/*")
 
     teacher_path = Path(section.get("teacher_faithfulness", ""))
     if teacher_path.is_file():

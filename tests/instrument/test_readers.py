@@ -22,7 +22,17 @@ def reader_root(tmp_path_factory, world):
     shutil.copy(ROOT / "registry.yaml", root / "registry.yaml")
     shutil.copytree(ROOT / "results" / "expected", root / "results" / "expected")
     all_params = yaml.safe_load((ROOT / "params.yaml").read_text())
-    all_params["demo"]["instrument"]["out_dir"] = str(Path(cfg.out_dir))
+    demo = all_params["demo"]
+    demo["instrument"]["out_dir"] = str(Path(cfg.out_dir))
+    # the world's pass settings and its 2-layer, 4-head model's heads, so the keys are named as the passes ran
+    demo["instrument"]["knockin"]["bins"] = list(cfg.bins)
+    demo["instrument"]["calibration"].update(pool_k=cfg.pool_k, summary_top_k=cfg.summary_top_k,
+                                             recurrence_top_k=cfg.recurrence_top_k)
+    demo["instrument"]["selftest"]["selftest_top_k"] = cfg.selftest_top_k
+    demo["readers"].update(necessity_k=4, knockin_k=4, layer_ranges=[[0, 0], [1, 1]],
+                           importance_share_layers=[[1, 1]],
+                           named_heads={"leader": "l1h3", "contrastive_specialist": "l0h2",
+                                        "recurrent": ["l0h3", "l1h0"]})
     (root / "params.yaml").write_text(yaml.safe_dump(all_params))
     return root
 
@@ -50,3 +60,18 @@ def test_r_c1_counts_match_the_events(reader_root, world):
     assert values["p1_event_count"]["value"] == events["counts"]["P1"]
     assert values["p2c_event_count"]["value"] == events["counts"]["P2C"]
     assert values["null_event_count"]["value"] == events["counts"]["NULL"]
+
+
+@pytest.mark.parametrize("reader", ["r_c1.py", "r_c2.py", "r_c3.py", "r_c4.py"])
+def test_readers_write_only_keys_they_list(reader_root, reader, monkeypatch):
+    import importlib.util
+
+    from mistill.params import load_params
+
+    spec = importlib.util.spec_from_file_location(f"reader_{reader[:-3]}", ROOT / "readers" / reader)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    monkeypatch.chdir(reader_root)
+    params = load_params(reader_root / "params.yaml")
+    values, _ = module.compute_values(params)
+    assert values and set(values) <= set(module.keys(params))

@@ -63,6 +63,12 @@ def arm_labels(params: dict) -> dict[str, str]:
     return dict(labels)
 
 
+def training_seeds(params: dict) -> list[int]:
+    """The training seeds the profile runs (params distill.seeds): what keys a reader declares for s.d.
+    over seeds and for seed 0 depends on them."""
+    return list((params.get("distill") or {}).get("seeds") or [0])
+
+
 def _section(path: Path, key: str, what: str) -> dict:
     """One section of an evaluation's json (`metrics`, `m1`); a corrupt file is a one-line UserError."""
     data = read_json(path, what)

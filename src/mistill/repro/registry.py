@@ -57,6 +57,8 @@ class Result:
     caption_tables: list[int] = field(default_factory=list)
     depends_on: list[str] = field(default_factory=list)
     extra_keys: list[str] = field(default_factory=list)   # keys a reader emits beyond the paper's (invariants)
+    # paper keys no stage produces yet, each with why; a check reports them NOT REPRODUCED, never a pass
+    unproduced_keys: dict[str, str] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -167,6 +169,10 @@ def load_registry(root: str | Path = ".") -> Registry:
         bad_keys = [k for k in entry.get("extra_keys", []) if not KEY_PATTERN.match(str(k))]
         if bad_keys:
             raise UserError(f"{where}: extra_keys must be lower_snake_case, got {', '.join(map(str, bad_keys))}")
+        unproduced = entry.get("unproduced_keys") or {}
+        if not isinstance(unproduced, dict) or not all(
+                KEY_PATTERN.match(str(k)) and isinstance(why, str) and why.strip() for k, why in unproduced.items()):
+            raise UserError(f"{where}: unproduced_keys must map lower_snake_case keys to why each is not produced")
         unknown = [d for d in entry.get("depends_on", []) if d not in ALL_IDS]
         if unknown:
             raise UserError(f"{where}: depends_on names unknown id(s) {', '.join(unknown)}")
@@ -179,7 +185,8 @@ def load_registry(root: str | Path = ".") -> Registry:
             paper_readers=list(entry.get("paper_readers", [])),
             caption_tables=list(entry.get("caption_tables", [])),
             depends_on=list(entry.get("depends_on", [])),
-            extra_keys=list(entry.get("extra_keys", [])))
+            extra_keys=list(entry.get("extra_keys", [])),
+            unproduced_keys={str(k): str(why) for k, why in unproduced.items()})
     defaults = data["tolerance_defaults"]
     for cls in CLASSES:
         if not isinstance(defaults.get(cls), dict) or any(k not in defaults[cls] for k in KINDS):

@@ -1,0 +1,291 @@
+"""Every paper key of a demo result is producible: its reader writes it under the paper profile's params,
+or registry.yaml says why no stage produces it yet (`unproduced_keys`), and the check then reports
+it as not reproduced, never as a pass.
+
+Each reader's `keys(params)` lists the keys it can write; the lists are checked against
+results/expected/paper.yaml under the paper profile's params, and each reader runs once on small
+artifacts laid out as the paper profile's (1,600 teacher heads, its bins, arms and seeds), built
+with the passes' own summary functions, where the keys it writes must be exactly the keys it lists.
+"""
+
+from __future__ import annotations
+
+import copy
+import importlib.util
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from mistill.errors import UserError
+from mistill.evaluate.own_heads import arm_dirs
+from mistill.instrument.attribution import fidelity
+from mistill.instrument.calibration import calibrate, note_contrast
+from mistill.instrument.global_sets import head_sets
+from mistill.instrument.knockin import SET_KINDS, exact_refinement, summarize
+from mistill.io import write_json, write_jsonl
+from mistill.params import load_params
+from mistill.repro.check import NOT_REPRODUCED, PASS, run_check
+from mistill.repro.registry import load_registry
+from mistill.repro.text_fields import statistic_problem
+from tests.chain.test_readers import GOLD, write_arm
+from tests.repro.repro_helpers import REPO, paper_values, write_fixture
+
+REGISTRY = load_registry(REPO)
+DEMO_IDS = [rid for rid, result in REGISTRY.results.items() if result.status == "demo"]
+PAPER_PARAMS = load_params(REPO / "params.yaml", profile="paper")
+DEMO_PARAMS = load_params(REPO / "params.yaml", profile="demo")
+PHASES = ("P1", "P2", "P2C")
+
+
+def reader(result_id: str):
+    """The reader module registry.yaml names for a result."""
+    path = REPO / REGISTRY.results[result_id].reader
+    spec = importlib.util.spec_from_file_location(f"reader_{path.stem}", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+# ---- the key lists against the paper's keys ------------------------------------------------------------
+
+
+@pytest.mark.parametrize("rid", DEMO_IDS)
+def test_every_paper_key_is_listed_by_its_reader_or_said_why(rid):
+    paper = set(REGISTRY.expected("paper").values[rid])
+    listed = set(reader(rid).keys(PAPER_PARAMS))
+    unproduced = REGISTRY.results[rid].unproduced_keys
+    assert not sorted(paper - listed - set(unproduced)), "paper keys neither written nor said why"
+    assert set(unproduced) <= paper, "unproduced_keys must be the paper's keys"
+
+
+@pytest.mark.parametrize("rid", DEMO_IDS)
+def test_demo_goldens_are_keys_the_reader_lists_under_the_demo(rid):
+    assert set(REGISTRY.expected("demo").values[rid]) <= set(reader(rid).keys(DEMO_PARAMS))
+
+
+def test_keys_naming_heads_and_sizes_come_from_params():
+    keys = reader("R-C4").keys(PAPER_PARAMS)
+    assert {"l39h38_ic_p2c", "l30h11_rank_p1", "chapter_top40_heads_in_layers_24_31",
+            "recurrence_counts_l39h38_l39h13_l26h36_l26h37_l28h21"} <= set(keys)
+    demo = reader("R-C4").keys(DEMO_PARAMS)
+    assert {"l3h2_ic_p2c", "l1h3_rank_p1", "chapter_top8_heads_in_layers_2_3"} <= set(demo)
+    assert not any("l39h38" in k for k in demo)
+    params = copy.deepcopy(PAPER_PARAMS)
+    params["readers"]["named_heads"]["leader"] = "l7h3"
+    assert "l7h3_ic_p1" in reader("R-C4").keys(params) and "l39h38_ic_p1" not in reader("R-C4").keys(params)
+    params["instrument"]["knockin"]["bins"] = [3, 8, 16, 24]
+    with pytest.raises(UserError, match="readers.knockin_k 40 is not one of instrument.knockin.bins"):
+        reader("R-C3").keys(params)
+
+
+# ---- the check under the paper profile ------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("rid", [rid for rid in DEMO_IDS if REGISTRY.results[rid].unproduced_keys])
+def test_unproduced_keys_are_not_reproduced_under_the_paper_profile_never_passed(tmp_path, rid):
+    unproduced = REGISTRY.results[rid].unproduced_keys
+    values = {k: v for k, v in paper_values(REGISTRY, rid).items() if k not in unproduced}
+    write_fixture(tmp_path, rid, values, profile="paper")
+    report = run_check(REGISTRY, "paper", tmp_path, [rid])
+    verdicts = {line.key: line for line in report.lines}
+    for key in unproduced:
+        assert verdicts[key].verdict == NOT_REPRODUCED and verdicts[key].fails
+    assert all(verdicts[k].verdict == PASS for k in values)
+    assert report.failed
+
+
+# ---- each reader on artifacts laid out as the paper profile's ------------------------------------------
+
+
+def _assert_writes_what_it_lists(module, params, values):
+    assert sorted(set(values) - set(module.keys(params))) == [], "written but not listed"
+    assert sorted(set(module.keys(params)) - set(values)) == [], "listed but not written on complete artifacts"
+    for key, record in values.items():
+        assert statistic_problem(record["statistic"]) is None, (key, record["statistic"])
+
+
+def _patch_rows(rng, note: str, bins, n_heads_total: int) -> tuple[list[dict], dict[int, np.ndarray]]:
+    """patch2.jsonl rows of one note (three events per phase) and its P2C first-order arrays."""
+    rows, firsts = [], {}
+    for e, kind in enumerate(k for k in PHASES for _ in range(3)):
+        pos = 10 + 7 * e
+        clean = rng.uniform(2, 6)
+        corr, all_heads = clean - rng.uniform(3, 8), clean + rng.normal(0, 1e-3)
+        row = {"kind": kind, "pos": pos, "target_id": 1, "margin_clean": clean, "margin_clean_batched": clean,
+               "donor_note": "other", "donor_pos": pos, "margin_corr": corr, "margin_all": all_heads,
+               "necessity": {s: {str(k): clean * rng.uniform(-0.5, 1.5) for k in bins} for s in SET_KINDS},
+               "knockin": {s: {str(k): corr + (all_heads - corr) * rng.uniform(-0.2, 1.0) for k in bins}
+                           for s in SET_KINDS}}
+        if kind == "P2C":
+            firsts[pos] = rng.normal(0, 0.1, (40, 40))
+            heads = rng.choice(n_heads_total, 6, replace=False).tolist()
+            row["p2c_exact"] = {"heads": heads, "exact": rng.normal(0, 0.2, 6).tolist(),
+                                "first_order": [float(firsts[pos].reshape(-1)[h]) for h in heads]}
+        rows.append(row)
+    return rows, firsts
+
+
+@pytest.fixture(scope="module")
+def paper_hd001(tmp_path_factory):
+    """HD-001 (and HD-002's head sets) of a 40-layer, 40-head teacher at the paper's settings."""
+    root = tmp_path_factory.mktemp("paper_hd001")
+    params = copy.deepcopy(PAPER_PARAMS)
+    instrument = params["instrument"]
+    out = root / "HD-001"
+    instrument["out_dir"] = str(out)
+    params["distill"]["teacher_head_sets"] = str(root / "HD-002" / "head_sets_contrast.json")
+    L = H = 40
+    cal_cfg, bins = instrument["calibration"], instrument["knockin"]["bins"]
+    rng = np.random.default_rng(0)
+    notes = [f"n{i}" for i in range(5)]
+    kinds = [k for k in PHASES for _ in range(3)] + ["NULL"] * 6
+    contrasts = []
+    for note in notes:
+        importance = rng.normal(0, 0.05, (len(kinds), L, H))
+        importance[:9, 39, 38] += 1.0          # one head leads every phase, as the paper's L39H38
+        importance[6:9, 30, 11] += 0.5         # a contrastive specialist
+        contrasts.append(note_contrast(note, kinds, importance, seed=0))
+    cal = calibrate(contrasts, fdr=cal_cfg["fdr"], top_k=cal_cfg["summary_top_k"], pool_k=cal_cfg["pool_k"],
+                    recurrence_top_k=cal_cfg["recurrence_top_k"])
+    body = head_sets(cal.ic_mean, L, H, pool_k=cal_cfg["pool_k"])
+    write_json(out / "head_sets_contrast.json", body)
+    write_json(root / "HD-002" / "head_sets_contrast.json", body)
+    write_json(out / "calibration.json", {**cal.summary, "n_layers": L, "n_heads": H})
+    rows_by_note, firsts = {}, {}
+    for note in notes:
+        rows_by_note[note], firsts[note] = _patch_rows(rng, note, bins, L * H)
+        write_jsonl(out / note / "patch2.jsonl", rows_by_note[note])
+    summary = summarize(rows_by_note, bins=bins, min_range=instrument["knockin"]["min_range"])
+    summary.update(bins=bins, n_heads_total=L * H)
+    summary["p2c_exact_refinement"] = exact_refinement(rows_by_note, firsts, cal.ic_mean["P2C"],
+                                                       top_k=cal_cfg["pool_k"], fdr=cal_cfg["fdr"])
+    write_json(out / "faithfulness2.json", summary)
+    exact = rng.normal(0, 0.3, (10, L * H))
+    top_k = instrument["selftest"]["selftest_top_k"]
+    write_json(out / "selftest.json", {
+        "note_id": "n0", "n_events": 10, "n_heads": L * H, "top_k": top_k, "forward_margin_noise_sd": 0.046,
+        "forward_noise_range": 0.09, "single_head_detection_floor": 0.14,
+        **{name: fidelity(exact, exact + rng.normal(0, s, exact.shape), floor=0.14, top_k=top_k)
+           for name, s in (("intact", 0.1), ("detached", 0.5), ("integrated_gradients", 0.3))}})
+    return params, body, cal.summary
+
+
+@pytest.mark.parametrize("rid", ["R-C2", "R-C3", "R-C4"])
+def test_instrument_readers_write_the_paper_keys_on_paper_shaped_artifacts(paper_hd001, rid):
+    params, *_ = paper_hd001
+    module = reader(rid)
+    values, inputs = module.compute_values(params)
+    _assert_writes_what_it_lists(module, params, values)
+    missing = set(REGISTRY.expected("paper").values[rid]) - set(values)
+    assert missing == set(REGISTRY.results[rid].unproduced_keys)
+    assert inputs
+
+
+def test_r_c4_named_heads_and_layer_ranges_by_hand(paper_hd001):
+    params, body, cal = paper_hd001
+    values, _ = reader("R-C4").compute_values(params)
+    ranked = {p: [(r["layer"], r["head"]) for r in body["phases"][p]] for p in PHASES}
+    assert all(ranked[p][0] == (39, 38) for p in PHASES)
+    assert values["l39h38_ic_p1"]["value"] == body["phases"]["P1"][0]["ic"]
+    assert values["l39h38_weight_top40_p1_p2_p2c"]["value"] == [body["phases"][p][0]["weight"] for p in PHASES]
+    assert values["l30h11_rank_p2c"]["value"] == 1 + ranked["P2C"].index((30, 11))
+    assert values["l30h11_rank_p1"]["value"] == 1 + ranked["P1"].index((30, 11))
+    counts = cal["recurrence"]["counts"]
+    assert values["recurrence_counts_l39h38_l39h13_l26h36_l26h37_l28h21"]["value"] == [
+        counts[39 * 40 + 38], counts[39 * 40 + 13], counts[26 * 40 + 36], counts[26 * 40 + 37], counts[28 * 40 + 21]]
+    layers = [layer for layer, _ in ranked["P1"][:40]]
+    ranges = ((0, 11), (12, 23), (24, 31), (32, 39))
+    assert [values[f"chapter_top40_heads_in_layers_{a}_{b}"]["value"] for a, b in ranges] == [
+        sum(a <= x <= b for x in layers) for a, b in ranges]
+    ic = [r["ic"] for r in body["phases"]["P1"][:40]]
+    share = 100 * sum(v for v, x in zip(ic, layers) if 24 <= x <= 31) / sum(ic)
+    assert values["chapter_top40_importance_share_layers_24_31"]["value"] == pytest.approx(share)
+
+
+def test_r_c3_operating_points_by_hand(paper_hd001):
+    params, *_ = paper_hd001
+    values, _ = reader("R-C3").compute_values(params)
+    for p in ("p1", "p2", "p2c"):
+        assert values[f"notes_knockin_above_random_{p}"]["value"] == values[f"notes_knockin_above_random_{p}_k40"][
+            "value"]
+    counts = [values[f"notes_necessity_above_random_{p}_k8"]["value"] for p in ("p1", "p2")]
+    assert values["notes_necessity_above_random_p1_p2"]["value"] == [min(counts), max(counts)]
+    bottom = [values[f"knockin_bottom{k}_p1"]["value"] for k in (3, 8, 16, 40, 100)]
+    assert values["knockin_bottom_sets_p1"]["value"] == [min(bottom), max(bottom)]
+    gap = max(abs(values[f"knockin_top40_{p}"]["value"] - values[f"own_ranking_knockin_top40_{p}"]["value"])
+              for p in ("p2", "p2c"))
+    assert values["global_vs_own_top40_knockin_gap_max"]["value"] == pytest.approx(gap)
+
+
+@pytest.fixture(scope="module")
+def paper_evaluations(tmp_path_factory):
+    """DT-eval directories of every Table 2 row at the paper's seeds, with fidelity (LAS included) and M1."""
+    root = tmp_path_factory.mktemp("paper_eval")
+    params = copy.deepcopy(PAPER_PARAMS)
+    params["paths"] = {"artifacts": str(root / "artifacts"), "results": str(root / "results")}
+    params["evaluate"]["test_notes"] = str(root / "dt_test.jsonl")
+    params["evaluate"]["teacher_traces"] = str(root / "teacher.jsonl")
+    params["stats"]["bootstrap_resamples"] = 200
+    write_jsonl(root / "dt_test.jsonl", [{"note_id": n, "patient_id": f"p{n}", "text": "x", "gold_codes": g,
+                                          "split": "test"} for n, g in GOLD.items()])
+    write_jsonl(root / "teacher.jsonl", [{"note_id": n, "valid": True, "answer": g} for n, g in GOLD.items()])
+    rng = np.random.default_rng(1)
+    codes = sorted({c for g in GOLD.values() for c in g})
+    m1 = {k: {"pooled": 0.6, "per_note": {n: float(rng.uniform()) for n in GOLD}} for k in PHASES}
+    for row, label in params["evaluate"]["own_heads"]["arms"].items():
+        for seed in ([0] if row.endswith("untrained") else [0, 1, 2]):
+            preds = {n: sorted(rng.choice(codes, 2, replace=False).tolist()) if i % 3 else None
+                     for i, n in enumerate(GOLD)}
+            preds["n1"] = GOLD["n1"]                      # a completed answer with a prediction
+            write_arm(root / "artifacts", label, seed, preds, m1)
+            write_json(root / "artifacts" / "DT-eval" / f"{label}-s{seed}" / "fidelity.json",
+                       {"metrics": {"bleu4": 0.17, "ppl_median": 1.5, "las": 0.27}})
+    return params
+
+
+@pytest.mark.parametrize("rid", ["R-D1", "R-D2", "R-D5"])
+def test_distillation_readers_write_the_paper_keys_on_paper_shaped_evaluations(paper_evaluations, rid):
+    module = reader(rid)
+    values, _ = module.compute_values(paper_evaluations)
+    _assert_writes_what_it_lists(module, paper_evaluations, values)
+    assert set(REGISTRY.expected("paper").values[rid]) <= set(values)
+
+
+def _m6_rows(rng, k: int) -> list[dict]:
+    def row(kind):
+        return {"kind": kind, "pos": 1, "margin_clean": 2.0, "margin_corr": 0.0, "margin_all": 2.0,
+                "knockin": {"top": {str(k): 2.0 * rng.uniform()}, "random": {str(k): 0.2 * rng.uniform()}}}
+    return [row(kind) for kind in PHASES]
+
+
+def test_r_d6_writes_the_paper_keys_on_paper_shaped_own_heads_artifacts(tmp_path):
+    params = copy.deepcopy(PAPER_PARAMS)
+    params["paths"] = {"artifacts": str(tmp_path), "results": str(tmp_path / "results")}
+    params["stats"]["bootstrap_resamples"] = 200
+    section = params["evaluate"]["own_heads"]
+    section["teacher_faithfulness"] = str(tmp_path / "HD-002" / "faithfulness2.json")
+    k, rng, notes = max(section["bins"]), np.random.default_rng(2), [f"n{i}" for i in range(6)]
+    write_json(tmp_path / "HD-002" / "faithfulness2.json", {"phases": {"P2C": {"bins": {
+        str(section["teacher_k"]): {"knockin": {"top": {"median": 0.85}}}}}}})
+    for row, label in section["arms"].items():
+        for seed in ([0] if row.endswith("untrained") else [0, 1, 2]):
+            m6 = arm_dirs(tmp_path, label, seed)[1]
+            for note in notes:
+                write_jsonl(m6 / note / "patch2.jsonl", _m6_rows(rng, k))
+            write_json(m6 / "faithfulness2.json", {"notes": notes, "bins": section["bins"], "phases": {
+                "P2C": {"all_heads_minus_clean_max_abs": 1e-5}}})
+            lift = {n: {"lift": float(rng.uniform(0, 1))} for n in notes}
+            write_json(m6 / "readside.json", {"phases": {p: {"per_note": {"top": lift, "random": lift}}
+                                                         for p in PHASES}})
+    module = reader("R-D6")
+    values, _ = module.compute_values(params)
+    _assert_writes_what_it_lists(module, params, values)
+    assert set(REGISTRY.expected("paper").values["R-D6"]) <= set(values)
+
+
+def test_every_demo_reader_lists_its_keys():
+    for rid in DEMO_IDS:
+        keys = reader(rid).keys(PAPER_PARAMS)
+        assert len(keys) == len(set(keys)), f"{rid}: a key listed twice"
+        assert Path(REPO / REGISTRY.results[rid].reader).is_file()
