@@ -321,7 +321,7 @@ def test_corrupt_evaluation_file(tmp_path):
 def test_nan_in_a_compared_value_names_the_arm(tmp_path):
     from mistill.evaluate.compare import arm_values
 
-    m6 = tmp_path / "M6-mistill-s0"
+    m6 = tmp_path / "M6" / "mistill-s0"
     write_json(m6 / "faithfulness2.json", {"notes": ["a", "b"]})
     row = {"kind": "P2C", "pos": 1, "margin_corr": 0.0, "margin_all": 2.0, "knockin": {"top": {"4": 1.5}}}
     write_jsonl(m6 / "a" / "patch2.jsonl", [row])
@@ -341,6 +341,15 @@ def test_missing_profile_through_the_cli(tmp_path, monkeypatch, capsys):
     code, err = run_cli(capsys, "world", "inventory")
     assert code == 2
     assert one_error_line(err) == "params.yaml: unknown profile 'papr' (no such section); it defines: demo, paper"
+
+
+def test_profile_alias_naming_no_section(tmp_path, monkeypatch, capsys):
+    (tmp_path / "params.yaml").write_text("demo: &demo {name: demo}\npaper: &paper {name: paper}\nprofile: *papr\n")
+    monkeypatch.chdir(tmp_path)
+    code, err = run_cli(capsys, "world", "inventory")
+    assert code == 2
+    assert one_error_line(err) == ("params.yaml:3: found undefined alias 'papr': no profile section of that name; "
+                                   "it defines: demo, paper")
 
 
 def test_malformed_params_yaml_through_the_cli(tmp_path, monkeypatch, capsys):

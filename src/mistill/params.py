@@ -1,8 +1,10 @@
 """The active profile's parameters.
 
-`params.yaml` holds `profile: <name>` and one section per profile (`demo`,
-`paper`).  Code never branches on the profile's name: it reads sizes, paths and
-model ids from the active section, which `load_params()` returns.
+`params.yaml` holds one section per profile (`demo: &demo`, `paper: &paper`,
+each with its `name`) and, last, `profile: *demo`: a YAML alias that makes one
+section the active profile, so DVC stages can read `profile.<section>` directly.
+Code never branches on the profile's name: it reads sizes, paths and model ids
+from the active section, which `load_params()` returns.
 """
 
 from __future__ import annotations
@@ -28,6 +30,12 @@ def load_all(path: str | Path = DEFAULT_PARAMS) -> dict[str, Any]:
         mark = getattr(err, "problem_mark", None)
         where = f"{path}:{mark.line + 1}" if mark is not None else str(path)
         problem = getattr(err, "problem", None) or str(err).splitlines()[0]
+        if "undefined alias" in problem:   # `profile: *name` with no `name: &name` section
+            import re
+
+            known = re.findall(r"(?m)^[\w-]+: &([\w-]+)", path.read_text(encoding="utf-8"))
+            raise UserError(f"{where}: {problem}: no profile section of that name; it defines: "
+                            f"{', '.join(known)}") from None
         raise UserError(f"{where}: not valid YAML ({problem}); fix the file") from None
     except UnicodeDecodeError as err:
         raise UserError(f"{path}: not UTF-8 text ({err.reason}); is it the parameters file?") from None
@@ -36,10 +44,20 @@ def load_all(path: str | Path = DEFAULT_PARAMS) -> dict[str, Any]:
     return data
 
 
+def active_profile_name(data: dict[str, Any]) -> str:
+    """The name of the active profile: `profile: *name` (an alias of a section) or `profile: name`."""
+    active = data["profile"]
+    if isinstance(active, dict):
+        if not isinstance(active.get("name"), str):
+            raise UserError("params.yaml: the active profile section has no `name`")
+        return active["name"]
+    return str(active)
+
+
 def load_params(path: str | Path = DEFAULT_PARAMS, profile: str | None = None) -> dict[str, Any]:
-    """The active profile's section, with its name under `profile`."""
+    """The active profile's section (or `profile`'s, when given), with its name under `profile`."""
     data = load_all(path)
-    name = profile or data["profile"]
+    name = profile or active_profile_name(data)
     if name not in data or not isinstance(data[name], dict):
         known = sorted(k for k, v in data.items() if isinstance(v, dict))
         raise UserError(f"{path}: unknown profile {name!r} (no such section); it defines: {', '.join(known)}")

@@ -71,8 +71,8 @@ def test_targets_train_and_evaluate(project, capsys):
     for arm in ("vanilla", "mistill"):
         assert main(["distill", "train", "--arm", arm]) == 0
     runs = sorted(p.name for p in (project / "runs").glob("DT-00*/*"))
-    assert runs == ["student-mistill-bf16-s0", "student-vanilla-fp32-s0"]
-    run = project / "runs" / "DT-001" / "student-mistill-bf16-s0"
+    assert runs == ["student-qwen-mistill-bf16-s0", "student-qwen-vanilla-fp32-s0"]   # mistill.distill.runs
+    run = project / "runs" / "DT-001" / "student-qwen-mistill-bf16-s0"
     cfg = json.loads((run / "config.json").read_text())
     assert cfg["arm"]["lambda_p1"] == 0.1 and cfg["example_ids"] == ["a", "b"] and cfg["torch_version"]
     assert (run / "model" / "config.json").exists()

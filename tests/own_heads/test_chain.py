@@ -37,16 +37,18 @@ def test_chain_writes_every_artifact(chain):
     root, _, students, timings = chain
     for arm, (model, _) in students.items():
         assert set(timings[arm]) == {"attribute", "knockin", "readside"}
-        sets = json.loads((root / f"HD-S-{arm}-s0" / "head_sets_contrast.json").read_text())
+        sets = json.loads((root / "HD-S" / f"{arm}-s0" / "head_sets_contrast.json").read_text())
         assert (sets["n_layers"], sets["n_heads"]) == (model.config.num_hidden_layers,
                                                        model.config.num_attention_heads)
         assert set(sets["phases"]) >= {"P1", "P2C"}
-        m6 = root / f"M6-{arm}-s0"
+        m6 = root / "M6" / f"{arm}-s0"
         faith = json.loads((m6 / "faithfulness2.json").read_text())
         assert faith["bins"] == [2, 4, 8] and len(faith["notes"]) == 4
         assert json.loads((m6 / "readside.json").read_text())["k"] == 3
-        assert set(json.loads((m6 / "timing.json").read_text())["seconds"]) == {"knockin", "readside"}
-        assert set(json.loads((root / f"HD-S-{arm}-s0" / "timing.json").read_text())["seconds"]) == {"attribute"}
+        # wall time lies beside each output directory, out of its hashed bytes
+        assert not (m6 / "timing.json").exists() and not (root / "HD-S" / f"{arm}-s0" / "timing.json").exists()
+        assert set(json.loads((root / "timing" / f"M6-{arm}-s0.json").read_text())["seconds"]) == {"knockin", "readside"}
+        assert set(json.loads((root / "timing" / f"HD-S-{arm}-s0.json").read_text())["seconds"]) == {"attribute"}
         for note in faith["notes"]:
             assert (m6 / note / "patch2.jsonl").exists() and (m6 / note / "readside.jsonl").exists()
 
@@ -73,11 +75,11 @@ def test_smollm3_drops_events_inside_merged_digit_runs(chain, teacher_tokenizer,
 def test_all_heads_knock_in_returns_the_clean_margin_at_every_event(chain):
     root, _, students, _ = chain
     for arm in students:
-        rows = [r for p in (root / f"M6-{arm}-s0").glob("*/patch2.jsonl") for r in read_jsonl(p)]
+        rows = [r for p in (root / "M6" / f"{arm}-s0").glob("*/patch2.jsonl") for r in read_jsonl(p)]
         assert len(rows) > 20
         for r in rows:
             assert r["margin_all"] == pytest.approx(r["margin_clean"], abs=1e-4)
-        faith = json.loads((root / f"M6-{arm}-s0" / "faithfulness2.json").read_text())
+        faith = json.loads((root / "M6" / f"{arm}-s0" / "faithfulness2.json").read_text())
         for phase in faith["phases"].values():
             assert phase["all_heads_minus_clean_max_abs"] < 1e-4
 
@@ -89,13 +91,13 @@ def test_knock_in_margins_equal_a_brute_force_forward(chain):
     hook = HeadHook(model)
     try:
         traces = {t["note_id"]: Trace(**t) for t in read_jsonl(root / "TR-008" / "traces.jsonl")}
-        sets = json.loads((root / "HD-S-smol-s0" / "head_sets_contrast.json").read_text())
+        sets = json.loads((root / "HD-S" / "smol-s0" / "head_sets_contrast.json").read_text())
         top = [(r["layer"], r["head"]) for r in sets["phases"]["P2C"][:4]]
-        rows = read_jsonl(root / "M6-smol-s0" / "note0" / "patch2.jsonl")
+        rows = read_jsonl(root / "M6" / "smol-s0" / "note0" / "patch2.jsonl")
         row = next(r for r in rows if r["kind"] == "P2C" and r["donor_pos"] is not None)
         _, ids, _, _ = model_input(tok, traces["note0"])
         _, donor_ids, _, _ = model_input(tok, traces[row["donor_note"]])
-        ev = next(e for e in load_events(root / "M6-smol-s0" / "note0" / "events.jsonl") if e.pos == row["pos"])
+        ev = next(e for e in load_events(root / "M6" / "smol-s0" / "note0" / "events.jsonl") if e.pos == row["pos"])
         q, qd = ev.pos - 1, row["donor_pos"] - 1
         with torch.no_grad(), hook.recording() as rec:
             model(input_ids=torch.tensor([ids[: q + 1]]), use_cache=False)
@@ -121,8 +123,8 @@ def test_random_sets_rise_from_the_empty_floor_to_all_heads(chain):
     hook = HeadHook(model)
     try:
         traces = {t["note_id"]: Trace(**t) for t in read_jsonl(root / "TR-008" / "traces.jsonl")}
-        rows = read_jsonl(root / "M6-qwen-s0" / "note1" / "patch2.jsonl")
-        events = {e.pos: e for e in load_events(root / "M6-qwen-s0" / "note1" / "events.jsonl")}
+        rows = read_jsonl(root / "M6" / "qwen-s0" / "note1" / "patch2.jsonl")
+        events = {e.pos: e for e in load_events(root / "M6" / "qwen-s0" / "note1" / "events.jsonl")}
         _, ids, _, _ = model_input(tok, traces["note1"])
         means = []
         for row in [r for r in rows if r["donor_pos"] is not None][:4]:
@@ -160,7 +162,7 @@ def test_random_sets_rise_from_the_empty_floor_to_all_heads(chain):
 def test_second_run_recomputes_nothing(chain):
     root, params, students, _ = chain
     model, tok = students["qwen"]
-    m6 = root / "M6-qwen-s0"
+    m6 = root / "M6" / "qwen-s0"
     before = {p: p.stat().st_mtime_ns for p in m6.glob("*/*.jsonl")}
     run_chain("unused", "qwen", 0, params, stages=("knockin", "readside"), model=model, tokenizer=tok,
               teacher_tokenizer=tok)
@@ -170,10 +172,11 @@ def test_second_run_recomputes_nothing(chain):
 def test_changed_weights_or_head_sets_are_recomputed(chain):
     root, params, students, _ = chain
     model, tok = students["smol"]
-    m6, hd = root / "M6-smol-s0", root / "HD-S-smol-s0"
+    m6, hd = root / "M6" / "smol-s0", root / "HD-S" / "smol-s0"
     before = {p: p.stat().st_mtime_ns for p in m6.glob("*/patch2.jsonl")}
     sets = json.loads((hd / "head_sets_contrast.json").read_text())
-    sets["phases"]["P2C"] = sets["phases"]["P2C"][::-1]  # another ranking
+    for row in sets["phases"]["P2C"]:  # another ranking (the key reads the scores, not the file's bytes)
+        row["ic"] = -row["ic"]
     (hd / "head_sets_contrast.json").write_text(json.dumps(sets))
     run_chain("unused", "smol", 0, params, stages=("knockin",), model=model, tokenizer=tok,
               teacher_tokenizer=students["qwen"][1])

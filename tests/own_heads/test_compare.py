@@ -73,7 +73,7 @@ def test_note_recovery_by_hand():
 
 def write_m6(root: Path, label: str, seed: int, values: dict[str, float], lift: dict[str, float], k: int = 4):
     """A hand-made M6 directory: one gated P2C and P2 event per note with recovery `values[note]`."""
-    m6 = root / f"M6-{label}-s{seed}"
+    m6 = root / "M6" / f"{label}-s{seed}"
     for note, v in values.items():
         write_jsonl(m6 / note / "patch2.jsonl", [_row(kind, 0.0, 2.0, 2.0 * v, 0.2, k) for kind in ("P2C", "P2")]
                     + [_row("P1", 0.0, 2.0, 1.8, 0.1, k)])
@@ -105,7 +105,7 @@ def test_compare_arms_reads_the_chain_artifacts(arms):
     assert out["m4"]["P2C"]["comparison"]["notes_higher"] == 8  # Mistill's values sit above Vanilla's
     assert out["m4"]["P1"]["comparison"]["mean_difference"] == pytest.approx(0.0)
     assert out["m2"]["P2C"]["comparison"]["n_notes"] == 8
-    with pytest.raises(UserError, match="no M6-nope-s"):
+    with pytest.raises(UserError, match="no M6/nope-s"):
         cmp.seed_dirs(arms, "nope")
 
 

@@ -38,13 +38,16 @@ def cmd_targets(args) -> int:
     from mistill.distill import pools as pl
     from mistill.distill.targets import compute_targets
     from mistill.io import provenance
-    from mistill.models.loading import load_model
+    from mistill.models.fingerprint import model_fingerprint
+    from mistill.models.loading import ModelSpec, load_model
 
     params = _params()
     cfg = params["distill"]
     torch.manual_seed(0)
     teacher_spec = args.teacher or params["models"]["teacher"]
-    model, tokenizer = load_model(teacher_spec, attn_implementation="sdpa")
+    # the teacher as it ran the traces (dtype, YaRN, revision); sdpa: the same function as eager, no T x T weights
+    teacher = ModelSpec.from_params(params["models"], teacher_spec, base="teacher", attn_implementation="sdpa")
+    model, tokenizer = load_model(teacher)
     head_sets = pl.load_head_sets(args.head_sets or cfg["teacher_head_sets"])
     k = int(cfg["pool_k"]["teacher"])
     pools = pl.build_pools(head_sets, k, source="teacher head sets")
@@ -55,6 +58,7 @@ def cmd_targets(args) -> int:
     manifest = compute_targets(model, tokenizer, traces, Path(args.events_dir or cfg["events_dir"]),
                                Path(args.out or cfg["targets_dir"]), pools, prose, window=int(cfg["window"]),
                                topk=int(cfg["topk"]), teacher_id=str(teacher_spec),
+                               teacher_hash=model_fingerprint(teacher),
                                provenance=provenance({"distill": cfg}, seed=None))
     print(f"teacher targets: {len(manifest['notes'])} notes, {len(manifest['skipped'])} skipped -> "
           f"{args.out or cfg['targets_dir']}")
@@ -68,10 +72,12 @@ def cmd_train(args) -> int:
 
     from mistill.distill import arms
     from mistill.distill import pools as pl
-    from mistill.distill.targets import check_teacher, read_note_targets, teacher_fingerprint
-    from mistill.distill.trainer import TrainConfig, Trainer
+    from mistill.distill.runs import run_dir
+    from mistill.distill.targets import check_teacher, read_note_targets
+    from mistill.distill.trainer import TrainConfig, Trainer, precision_dtype
     from mistill.io import file_sha256, provenance
-    from mistill.models.loading import load_model
+    from mistill.models.fingerprint import model_fingerprint
+    from mistill.models.loading import ModelSpec, load_model, load_tokenizer
 
     params = _params()
     cfg = params["distill"]
@@ -81,11 +87,15 @@ def cmd_train(args) -> int:
     seed = int(args.seed if args.seed is not None else cfg["seeds"][0])
     targets_dir = Path(args.targets or cfg["targets_dir"])
     teacher_spec = args.teacher or params["models"]["teacher"]
-    teacher_model, teacher_tok = load_model(teacher_spec)
-    manifest = check_teacher(targets_dir / "manifest.json", teacher_fingerprint(teacher_model), str(teacher_spec))
-    del teacher_model
+    teacher = ModelSpec.from_params(params["models"], teacher_spec, base="teacher")
+    # the targets name their teacher by its files: the teacher itself is never loaded here, only its tokenizer
+    manifest = check_teacher(targets_dir / "manifest.json", model_fingerprint(teacher), str(teacher_spec))
+    teacher_tok = load_tokenizer(teacher)
     torch.manual_seed(seed)
-    student, student_tok = load_model(student_spec, attn_implementation="sdpa")
+    # the precision arm's dtype at load (App. J.2), the student's YaRN factor, sdpa for the training forward
+    student, student_tok = load_model(ModelSpec.from_params(params["models"], student_key,
+                                                            dtype=precision_dtype(precision),
+                                                            attn_implementation="sdpa"))
     terms = tuple(t.strip() for t in (args.terms or ",".join(cfg["terms"])).split(",") if t.strip())
     arm = arms.ArmConfig(arm=args.arm, lambda_p1=float(args.lambda_p1 if args.lambda_p1 is not None else cfg["lambda_p1"]),
                          lambda_p2=float(args.lambda_p2 if args.lambda_p2 is not None else cfg["lambda_p2"]),
@@ -110,9 +120,7 @@ def cmd_train(args) -> int:
                             seed=seed, gradient_checkpointing=bool(tc["gradient_checkpointing"]),
                             offload_checkpoints=bool(tc.get("offload_checkpoints", False)),
                             mlp_chunk=int(tc.get("mlp_chunk", 0)), save_every=int(tc.get("save_every", 1)))
-    campaign = "DT-001" if args.arm == "mistill" else "DT-000"
-    out = Path(args.out) if args.out else Path(cfg["runs_dir"]) / campaign / \
-        f"{Path(str(student_spec)).name}-{args.arm}-{precision}-s{seed}"
+    out = Path(args.out) if args.out else run_dir(cfg["runs_dir"], student_key, args.arm, precision, seed)
     weights = Path(str(student_spec)) / "model.safetensors"
     # the targets' content, not only their directory: a run resumes only on the same targets
     targets_sha256 = hashlib.sha256("".join(f"{n}:{file_sha256(targets_dir / f'{n}.npz')};"
@@ -137,7 +145,7 @@ def cmd_coverage(args) -> int:
     from mistill.distill.mechanism import note_view
     from mistill.distill.targets import read_note_targets
     from mistill.io import provenance, read_json, write_json
-    from mistill.models.loading import load_tokenizer
+    from mistill.models.loading import ModelSpec, load_tokenizer
 
     params = _params()
     cfg = params["distill"]
@@ -148,7 +156,7 @@ def cmd_coverage(args) -> int:
     manifest = read_json(manifest_path, "targets manifest")
     report = {}
     for key in args.students.split(","):
-        tok = load_tokenizer(params["models"].get(key, key))
+        tok = load_tokenizer(ModelSpec.from_params(params["models"], key))
         teacher_kinds, realized = {}, {}
         for note_id in manifest["notes"]:
             meta, _ = read_note_targets(targets_dir / f"{note_id}.npz")
@@ -198,6 +206,6 @@ def register(subparsers) -> None:
     p.add_argument("--k", type=int, help="pool size (default: params distill.pool_k.student)")
     p.add_argument("--lr", type=float)
     p.add_argument("--max-steps", type=int, help="stop after this many optimiser steps (resumable)")
-    p.add_argument("--out", help="run directory (default: <runs_dir>/DT-00x/<student>-<arm>-<precision>-s<seed>)")
+    p.add_argument("--out", help="run directory (default: <runs_dir>/DT-00x/student-<label>-<arm>-<precision>-s<seed>)")
     p.set_defaults(func=cmd_train)
 

@@ -24,7 +24,7 @@ from mistill.distill.mechanism import note_view, plan_rows, read_mechanism, supe
 from mistill.distill.pooled_attention import SupervisedRows
 from mistill.distill.pools import Pool
 from mistill.errors import UserError
-from mistill.io import read_jsonl, write_json, write_npz
+from mistill.io import read_json, read_jsonl, read_npz, write_json, write_npz
 
 TARGET_FORMAT = 1
 
@@ -108,9 +108,13 @@ def note_targets(model, tokenizer, prompt: str, completion: str, events: list[di
 
 
 def read_note_targets(path: Path) -> tuple[dict, dict[str, np.ndarray]]:
-    with np.load(path) as data:
-        arrays = {k: data[k] for k in data.files}
-    meta = json.loads(arrays.pop("meta").tobytes().decode())
+    """(meta, arrays) of one note's targets; a missing, truncated or corrupt file is a one-line UserError."""
+    arrays = read_npz(path, "teacher targets")
+    try:
+        meta = json.loads(arrays.pop("meta").tobytes().decode())
+    except (KeyError, UnicodeDecodeError, json.JSONDecodeError):
+        raise UserError(f"{path}: teacher targets without a readable 'meta' record; "
+                        "recompute them (`mistill distill targets`)") from None
     arrays.pop("input_key", None)
     return meta, arrays
 
@@ -119,7 +123,9 @@ def check_teacher(manifest_path: Path, teacher_hash: str, teacher_id: str) -> di
     """The manifest of a targets directory, refused when it was computed from another teacher."""
     if not manifest_path.exists():
         raise UserError(f"{manifest_path}: no targets manifest (run `mistill distill targets` first)")
-    manifest = json.loads(manifest_path.read_text())
+    manifest = read_json(manifest_path, "targets manifest")
+    if not isinstance(manifest, dict):
+        raise UserError(f"{manifest_path}: not a targets manifest (a JSON object); recompute the targets")
     if manifest.get("teacher_hash") != teacher_hash:
         raise UserError(f"{manifest_path}: targets were computed from teacher {manifest.get('teacher_id')!r} "
                         f"(hash {str(manifest.get('teacher_hash'))[:12]}), not from {teacher_id!r} "
@@ -148,14 +154,18 @@ def stored_key(path: Path) -> str | None:
 
 
 def compute_targets(model, tokenizer, traces: list[dict], events_dir: Path, out_dir: Path, pools: dict[str, Pool],
-                    prose_pool: Pool | None, *, window: int, topk: int, teacher_id: str, provenance: dict) -> dict:
-    """The pass over training notes; resumable per note: a note's file is kept only when it was written from
-    the same teacher, trace, events, pools, window and top-k (`target_key`), else it is recomputed."""
+                    prose_pool: Pool | None, *, window: int, topk: int, teacher_id: str, provenance: dict,
+                    teacher_hash: str | None = None) -> dict:
+    """The pass over training notes; resumable per note (under `dvc repro` too: the directory is `persist`):
+    a note's file is kept only when it was written from the same teacher, trace, events, pools, window and
+    top-k (`target_key`), else it is recomputed.  The manifest is written last and marks the pass complete;
+    files of notes no longer listed are removed, so the directory equals an uninterrupted run's."""
     out_dir.mkdir(parents=True, exist_ok=True)
-    teacher_hash = teacher_fingerprint(model)
+    teacher_hash = teacher_hash or teacher_fingerprint(model)  # the CLI names the teacher by its files
     manifest_path = out_dir / "manifest.json"
-    if manifest_path.exists():
-        check_teacher(manifest_path, teacher_hash, teacher_id)
+    # every note's key names its teacher, so another teacher's targets are recomputed, never refused here;
+    # until the pass ends no manifest vouches for a directory that may mix two teachers' notes
+    manifest_path.unlink(missing_ok=True)
     done, skipped = [], []
     for trace in tqdm(traces, desc="teacher targets", unit="note"):
         note_id = trace["note_id"]
@@ -171,6 +181,10 @@ def compute_targets(model, tokenizer, traces: list[dict], events_dir: Path, out_
                                   window=window, topk=topk, note_id=note_id)
             write_npz(path, **arrays, input_key=np.frombuffer(key.encode(), dtype=np.uint8))
         done.append(note_id)
+    kept = {f"{note_id}.npz" for note_id in done}
+    for stale in out_dir.glob("*.npz"):
+        if stale.name not in kept:
+            stale.unlink()
     manifest = {"format": TARGET_FORMAT, "teacher_id": teacher_id, "teacher_hash": teacher_hash,
                 "window": window, "topk": topk, "notes": done, "skipped": skipped,
                 "pools": {p: pool.as_dict() for p, pool in pools.items()},

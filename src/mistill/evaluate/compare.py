@@ -2,7 +2,7 @@
 
 Per arm and seed, the per-note values of a readout (M4: a note's mean gated knock-in recovery
 of the own top-k at one phase; M2: a note's region lift of the own top-k) come from the
-`M6-<arm>-s<seed>/` artifacts of the own-heads chain.  Then
+`M6/<arm>-s<seed>/` artifacts of the own-heads chain.  Then
 
 * per-seed medians over notes (Table 3's cells; their mean over seeds is "the mean of seed
   medians");
@@ -35,15 +35,15 @@ PHASES = ("P2C", "P2", "P1")
 
 
 def seed_dirs(artifacts: str | Path, arm: str) -> dict[int, Path]:
-    """seed -> M6-<arm>-s<seed> directory holding faithfulness2.json."""
-    pattern = re.compile(rf"^M6-{re.escape(arm)}-s(\d+)$")
+    """seed -> M6/<arm>-s<seed> directory holding faithfulness2.json."""
+    pattern = re.compile(rf"^{re.escape(arm)}-s(\d+)$")
     out = {}
-    for path in Path(artifacts).glob(f"M6-{arm}-s*"):
+    for path in (Path(artifacts) / "M6").glob(f"{arm}-s*"):
         m = pattern.match(path.name)
         if m and (path / "faithfulness2.json").exists():
             out[int(m.group(1))] = path
     if not out:
-        raise UserError(f"{artifacts}: no M6-{arm}-s<seed>/faithfulness2.json; run `mistill evaluate own-heads` first")
+        raise UserError(f"{artifacts}: no M6/{arm}-s<seed>/faithfulness2.json; run `mistill evaluate own-heads` first")
     return dict(sorted(out.items()))
 
 

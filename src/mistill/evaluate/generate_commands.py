@@ -12,8 +12,9 @@ couple the rows' randomness. Sampling follows transformers' order: logits / temp
 top-p (the smallest set of tokens whose probability reaches top_p), then one draw. The
 records have the trace format of TR-008 (`note_id, prompt, completion, valid, hit_cap,
 degenerate, answer, n_new_tokens, seed, decoding, model`), which `mistill evaluate task` and
-`fidelity --generations` read. The pass is resumable per note: records already made by the same
-model with the same decoding are kept.
+`fidelity --generations` read. The pass is resumable per note, under `dvc repro` too
+(`mistill.models.trace_rows`): a record is kept only when its `input_sha256` (the model's
+fingerprint, prompt, decoding, seed) matches.
 
 Hooked into `mistill evaluate` by `mistill.evaluate.commands.register`.
 """
@@ -103,10 +104,12 @@ def cmd_generate(args) -> int:
     import torch
     from tqdm import tqdm
 
-    from mistill.io import file_sha256, provenance, read_jsonl, write_json, write_jsonl
-    from mistill.models.demo_world import SHORTLIST, load_world
+    from mistill.io import provenance, write_json
+    from mistill.models.world_files import SHORTLIST, load_world
+    from mistill.models.fingerprint import model_fingerprint
     from mistill.models.generation import Decoding
-    from mistill.models.loading import load_model
+    from mistill.models.loading import ModelSpec, load_model
+    from mistill.models.trace_rows import ResumableRows, input_key
     from mistill.params import load_params
     from mistill.world.answers import parse_answer
     from mistill.world.notes import load_notes
@@ -125,41 +128,51 @@ def cmd_generate(args) -> int:
     decoding = Decoding.from_params(params["decoding"])
     base_seed = int(params["seeds"]["decoding"])
     attn = models.get("generation_attn_implementation") or models.get("attn_implementation", "eager")
-    settings = {**decoding.as_dict(), "backend": "transformers", "attn_implementation": attn}
+    backend = models.get("generation_backend", "transformers")
+    settings = {**decoding.as_dict(), "backend": backend, "attn_implementation": attn}
     out = Path(args.out)
-    weights = Path(spec) / "model.safetensors"
-    weights_sha256 = file_sha256(weights) if weights.exists() else None  # a retrained model at the same path
-    done: dict[str, dict] = {}
-    if out.exists():  # resumable per note: keep records made by the same weights with the same decoding
-        done = {r["note_id"]: r for r in read_jsonl(out) if r.get("model") == spec
-                and r.get("model_sha256") == weights_sha256 and r.get("decoding") == settings}
-    todo = [n for n in notes if n.note_id not in done]
+    model_spec = ModelSpec.from_params(models, spec, attn_implementation=attn)
+    model_sha256 = model_fingerprint(model_spec)  # its files, dtype and YaRN: a model retrained in place differs
+    prompts = {n.note_id: world.prompt(n, SHORTLIST) for n in notes}
+    seeds = {n.note_id: note_seed(base_seed, n.note_id) for n in notes}
+    # resumable per note, under `dvc repro` too: a row is reused only under the same input key
+    rows = ResumableRows(out, {n.note_id: input_key(model_sha256=model_sha256, prompt=prompts[n.note_id],
+                                                     decoding=settings, seed=seeds[n.note_id])
+                               for n in notes})
+    todo_ids = set(rows.todo())
+    todo = [n for n in notes if n.note_id in todo_ids]
     if todo:
-        model, tokenizer = load_model(spec, dtype=models.get("dtype"), attn_implementation=attn)
-        model.eval()
-        order = [n.note_id for n in notes]
+        if backend == "vllm":  # App. J.5: every arm generates in vLLM, one engine for every batch
+            from mistill.models.vllm_backend import VLLMGenerator
+
+            engine = VLLMGenerator.from_params(models, model_spec)
+            sample = lambda ps, ss: [g.as_dict() for g in engine.generate(ps, ss, decoding)]
+        else:
+            model, tokenizer = load_model(model_spec)
+            sample = lambda ps, ss: sample_batch(model.eval(), tokenizer, ps, ss, decoding)
         batches = [todo[i:i + int(args.batch)] for i in range(0, len(todo), int(args.batch))]
-        for group in tqdm(batches, desc=f"generate {out.parent.name}", unit="batch"):
-            seeds = [note_seed(base_seed, n.note_id) for n in group]
-            prompts = [world.prompt(n, SHORTLIST) for n in group]
-            for note, prompt, seed, gen in zip(group, prompts, seeds,
-                                               sample_batch(model, tokenizer, prompts, seeds, decoding)):
-                parsed = parse_answer(gen["completion"], world.inventory, hit_cap=gen["hit_cap"])
-                done[note.note_id] = {
-                    "note_id": note.note_id, "prompt": prompt, "completion": gen["completion"],
-                    "valid": parsed.valid, "hit_cap": parsed.hit_cap, "degenerate": parsed.degenerate,
-                    "answer": list(parsed.answer), "n_new_tokens": gen["n_new_tokens"], "seed": seed,
-                    "decoding": settings, "model": spec, "model_sha256": weights_sha256,
-                }
-            write_jsonl(out, [done[i] for i in order if i in done])
-    records = [done[n.note_id] for n in notes]
+        with rows:
+            for group in tqdm(batches, desc=f"generate {out.parent.name}", unit="batch"):
+                batch_prompts = [prompts[n.note_id] for n in group]
+                batch_seeds = [seeds[n.note_id] for n in group]
+                for note, prompt, seed, gen in zip(group, batch_prompts, batch_seeds,
+                                                   sample(batch_prompts, batch_seeds)):
+                    parsed = parse_answer(gen["completion"], world.inventory, hit_cap=gen["hit_cap"])
+                    rows.add({
+                        "note_id": note.note_id, "prompt": prompt, "completion": gen["completion"],
+                        "valid": parsed.valid, "hit_cap": parsed.hit_cap, "degenerate": parsed.degenerate,
+                        "answer": list(parsed.answer), "n_new_tokens": gen["n_new_tokens"], "seed": seed,
+                        "decoding": settings, "model": spec, "model_sha256": model_sha256,
+                    })
+    records = rows.finish()
     write_json(out.with_name(out.stem + ".summary.json"), {
         "notes": len(records), "valid_rate": sum(r["valid"] for r in records) / max(len(records), 1),
         "hit_cap_share": sum(r["hit_cap"] for r in records) / max(len(records), 1),
         "n_new_tokens": sum(r["n_new_tokens"] for r in records), "model": spec, "test_notes": str(notes_path),
         "provenance": provenance({"decoding": params["decoding"], "seeds": params["seeds"]}, seed=base_seed,
                                  seed_rule="seeds.decoding + crc32(note_id) mod 2^31", model=spec)})
-    print(f"generate: {len(records)} notes, valid {sum(r['valid'] for r in records)}/{len(records)} -> {out}")
+    print(f"generate: {len(records)} notes ({rows.computed} computed, {rows.reused} reused), "
+          f"valid {sum(r['valid'] for r in records)}/{len(records)} -> {out}")
     return 0
 
 
@@ -173,21 +186,20 @@ def cmd_notes_with_events(args) -> int:
     """
     import json
 
-    from mistill.io import atomic_open
+    from mistill.io import atomic_open, iter_json_lines, read_json
 
     events_dir = Path(args.events_dir)
     if not events_dir.is_dir():
         raise UserError(f"{events_dir}: no events directory (run `mistill instrument events` first)")
     skipped_path = events_dir / "skipped_events.json"
-    why = json.loads(skipped_path.read_text()).get("skipped", {}) if skipped_path.exists() else {}
-    lines = Path(args.notes).read_text().splitlines() if Path(args.notes).exists() else None
-    if lines is None:
-        raise UserError(f"{args.notes}: no such notes file")
+    why = read_json(skipped_path, "skipped notes").get("skipped", {}) if skipped_path.exists() else {}
     kept, dropped = [], {}
-    for line in filter(None, lines):
-        note_id = json.loads(line)["note_id"]
+    for where, row in iter_json_lines(args.notes, "notes"):
+        if not isinstance(row, dict) or not isinstance(row.get("note_id"), str):
+            raise UserError(f"{where}: a note row needs a note_id")
+        note_id = row["note_id"]
         if (events_dir / note_id / "events.jsonl").is_file():
-            kept.append(line)
+            kept.append(json.dumps(row, ensure_ascii=False))
         else:
             dropped[note_id] = why.get(note_id, "no events file")
     if not kept:

@@ -6,21 +6,25 @@ test notes (cross-fit, App. K):
 (a) attribution: the calibrated attribution pass of App. C on the trained checkpoint, teacher-forced
     on the teacher's validation traces (TR-007), at the teacher's events realised in the student's
     tokenizer (App. I.1 anchor rule; NULL events by the same rule, their letter tokens the
-    student's own) -> HD-S-<arm>-s<seed>/head_sets_contrast.json (the student's own ranking I_c);
+    student's own) -> HD-S/<arm>-s<seed>/head_sets_contrast.json (the student's own ranking I_c);
 (b) knock-in (M4): per test note teacher-forced on the teacher's trace (TR-008 test), the own
     top-k per phase knocked into the next test note's context at matched events, beside
     count-matched random sets (redrawn per note and bin) and the bottom-k; recovery
 
         R = (margin_set - margin_corr) / (margin_all - margin_corr),   gated at 1 nat,
 
-    reported as medians over notes of per-note means -> M6-<arm>-s<seed>/faithfulness2.json and
+    reported as medians over notes of per-note means -> M6/<arm>-s<seed>/faithfulness2.json and
     <note>/patch2.jsonl; knocking in every head returns the clean margin (the validation check);
 (c) read side of the own top-k (16 in the paper) per phase beside as many random heads: M2 region
-    lift, M3 loop-back (N vs S), prefix share -> M6-<arm>-s<seed>/readside.json and
+    lift, M3 loop-back (N vs S), prefix share -> M6/<arm>-s<seed>/readside.json and
     <note>/readside.jsonl.
 
-Each stage is a pass over notes, resumable per note; `timing.json` (in HD-S-... for the attribution, in
-M6-... for the readouts) records each stage's wall time.
+Each stage is a pass over notes, resumable per note (also under `dvc repro`, whose outputs here are
+`persist`): a per-note file is reused only when its meta records the same input key, the digest of
+the note's trace, its donor's trace (knock-in) and the realised events of both, beside a config key
+over the weights, the head sets and the parameters; any other file is recomputed.  Wall time goes
+in `<artifacts>/timing/HD-S-....json` / `M6-....json`: timing differs between
+machines and runs, so it stays out of the hashed outputs.
 """
 
 from __future__ import annotations
@@ -46,11 +50,12 @@ from mistill.instrument.passes import (
     NotePass,
     Trace,
     commit_artifact,
+    inputs_sha256,
     load_events,
     load_traces,
     model_input,
 )
-from mistill.io import file_sha256, provenance, read_jsonl, write_json, write_jsonl
+from mistill.io import provenance, read_jsonl, write_json, write_jsonl
 
 STAGES = ("attribute", "knockin", "readside")
 
@@ -112,10 +117,23 @@ def weights_fingerprint(model) -> str:
     return teacher_fingerprint(model)
 
 
+def tokenizer_key(tokenizer) -> str:
+    """A tokenizer by its name and, for a compact remap, its table (two remaps may share a name)."""
+    table = getattr(tokenizer, "table", None)
+    return _digest(str(getattr(tokenizer, "name", type(tokenizer).__name__)), json.dumps(table))
+
+
+def timing_path(directory: Path) -> Path:
+    """Where a stage's wall time goes: `<artifacts>/timing/<HD-S|M6>-<arm>-s<seed>.json`, outside every
+    hashed output and every directory a reader depends on (timing differs between runs)."""
+    return directory.parent.parent / "timing" / f"{directory.parent.name}-{directory.name}.json"
+
+
 def arm_dirs(artifacts: str | Path, arm: str, seed: int) -> tuple[Path, Path]:
-    """(HD-S-<arm>-s<seed>, M6-<arm>-s<seed>) under the artifacts directory (App. Q names)."""
+    """(HD-S/<arm>-s<seed>, M6/<arm>-s<seed>) under the artifacts directory (App. Q names): one parent per
+    kind, so a reader depends on every arm and seed the profile runs through one directory."""
     tag = f"{arm}-s{seed}"
-    return Path(artifacts) / f"HD-S-{tag}", Path(artifacts) / f"M6-{tag}"
+    return Path(artifacts) / "HD-S" / tag, Path(artifacts) / "M6" / tag
 
 
 # ---- the teacher's events in the student's tokenizer -------------------------------------------------
@@ -163,17 +181,14 @@ def write_realized_events(traces: Sequence[Trace], events_dir: Path, out_dir: Pa
                           params: dict, *, seed: int, force: bool = False) -> dict[str, list[Event]]:
     """<out_dir>/<note>/events.jsonl for every trace with teacher events (resumable per note)."""
     note_pass = NotePass("realize", out_dir, "events.jsonl", load_events, force)
+    tokenizers = _digest(tokenizer_key(teacher_tokenizer), tokenizer_key(tokenizer))
     out: dict[str, list[Event]] = {}
     for trace in tqdm(traces, desc="realize events", unit="note"):
         path = note_pass.path(trace.note_id)
         source = Path(events_dir) / trace.note_id / "events.jsonl"
-        # per note: realised from these teacher events, by this tokenizer (else recomputed)
-        key = _digest(file_sha256(source) if source.exists() else "", str(tokenizer.name), trace.prompt,
-                      trace.completion)
-        meta = path.with_name(path.name + ".meta.json")
-        if meta.exists() and json.loads(meta.read_text()).get("source_sha256") != key:
-            meta.unlink()
-        if note_pass.needs(trace.note_id):
+        # per note: realised from these teacher events, of this trace, by these tokenizers (else recomputed)
+        key = inputs_sha256(source, tokenizers, trace.prompt, trace.completion)
+        if note_pass.needs(trace.note_id, key):
             if not source.exists():
                 note_pass.skip(trace.note_id, f"no teacher events at {source}")
                 continue
@@ -184,7 +199,7 @@ def write_realized_events(traces: Sequence[Trace], events_dir: Path, out_dir: Pa
                 continue
             counts = {k: sum(e["kind"] == k for e in teacher_events) for k in ("P1", "P2", "P2C", "NULL")}
             commit_artifact(path, lambda p, events=events: write_jsonl(p, [e.to_json() for e in events]),
-                            {"teacher_events": str(source), "source_sha256": key, "teacher_counts": counts,
+                            {"teacher_events": str(source), "inputs_sha256": key, "teacher_counts": counts,
                              "realized_counts": {k: sum(e.kind == k for e in events) for k in counts},
                              "provenance": provenance(params, seed)})
             note_pass.computed += 1
@@ -250,14 +265,19 @@ def knockin_stage(model, tokenizer, teacher_tokenizer, cfg: OwnHeadsConfig, hd_d
     bins = [k for k in cfg.bins if k <= n_total]
     if not bins:
         raise UserError(f"evaluate.own_heads.bins {list(cfg.bins)}: none fits the model's {n_total} heads")
-    digest = _digest(cfg.digest(), file_sha256(head_sets_path), weights_fingerprint(model))
+    # the ranking itself, not the head-sets file's bytes (its provenance names the code version)
+    ranking = json.dumps({p: v.tolist() for p, v in sorted(scores.items())})
+    digest = _digest(cfg.digest(), ranking, weights_fingerprint(model))
     note_pass = NotePass("own-knockin", m6_dir, "patch2.jsonl", read_jsonl, force, digest)
     rows_by_note: dict[str, list[dict]] = {}
     try:
         for n, trace in enumerate(tqdm(notes, desc="own-heads knock-in", unit="note")):
             path = note_pass.path(trace.note_id)
-            if note_pass.needs(trace.note_id):
-                donor = notes[(n + 1) % len(notes)]  # App. K: the donor is the next test note; wrap
+            donor = notes[(n + 1) % len(notes)]  # App. K: the donor is the next test note; wrap
+            # the note's patches read its trace, its donor's trace and the realised events of both
+            key = inputs_sha256(trace.prompt, trace.completion, donor.note_id, donor.prompt, donor.completion,
+                                m6_dir / trace.note_id / "events.jsonl", m6_dir / donor.note_id / "events.jsonl")
+            if note_pass.needs(trace.note_id, key):
                 if donor.note_id == trace.note_id:
                     note_pass.skip(trace.note_id, "no other test note to serve as the corrupted run")
                     continue
@@ -270,7 +290,8 @@ def knockin_stage(model, tokenizer, teacher_tokenizer, cfg: OwnHeadsConfig, hd_d
                     max_batch=cfg.max_batch, donor_match=cfg.donor_match)
                 commit_artifact(path, lambda p, rows=rows: write_jsonl(p, rows),
                                 {"donor": donor.note_id, "bins": bins, "heads_from": str(head_sets_path),
-                                 "config_sha256": digest, "provenance": provenance(params, cfg.seed)})
+                                 "config_sha256": digest, "inputs_sha256": key,
+                                 "provenance": provenance(params, cfg.seed)})
                 note_pass.computed += 1
             rows_by_note[trace.note_id] = read_jsonl(path)
     finally:
@@ -322,14 +343,16 @@ def readside_stage(model, tokenizer, teacher_tokenizer, cfg: OwnHeadsConfig, hd_
     rows_by_note: dict[str, list[dict]] = {}
     for trace in tqdm([t for t in traces if t.note_id in realized], desc="read side", unit="note"):
         path = note_pass.path(trace.note_id)
-        if note_pass.needs(trace.note_id):
+        key = inputs_sha256(trace.prompt, trace.completion, m6_dir / trace.note_id / "events.jsonl")
+        if note_pass.needs(trace.note_id, key):
             text, ids, offsets, completion_at = model_input(tokenizer, trace)
             layout = note_layout(text, offsets, trace.prompt, completion_at)
             events = [ReadEvent(e.kind, e.pos, e.anchor, e.code, e.prefix or "", e.near_miss)
                       for e in realized[trace.note_id] if e.kind in panels]
             rows = read_note(model, ids, layout, events, pairs)
             commit_artifact(path, lambda p, rows=rows: write_jsonl(p, rows),
-                            {"panels": panels, "config_sha256": digest, "provenance": provenance(params, cfg.seed)})
+                            {"panels": panels, "config_sha256": digest, "inputs_sha256": key,
+                             "provenance": provenance(params, cfg.seed)})
             note_pass.computed += 1
         rows_by_note[trace.note_id] = read_jsonl(path)
     note_pass.finish(params)
@@ -344,15 +367,14 @@ def readside_stage(model, tokenizer, teacher_tokenizer, cfg: OwnHeadsConfig, hd_
 
 
 def load_student(spec: str, params: dict, student_key: str | None = None):
-    from mistill.models.loading import load_model
+    from mistill.models.loading import ModelSpec, load_model
 
     models = params.get("models") or {}
     device = models.get("device", "auto")
     if device in (None, "auto"):
         device = "cuda" if torch.cuda.is_available() else "cpu"
-    rope = (models.get("rope_scaling") or {}).get(student_key) if student_key else None
     attn = ((params.get("instrument") or {}).get("attribution") or {}).get("attn_implementation", "sdpa")
-    model, tokenizer = load_model(spec, dtype=models.get("dtype"), rope_scaling=rope, attn_implementation=attn,
+    model, tokenizer = load_model(ModelSpec.from_params(models, spec, base=student_key, attn_implementation=attn),
                                   device=device)
     model.requires_grad_(False)
     return model, tokenizer
@@ -361,7 +383,7 @@ def load_student(spec: str, params: dict, student_key: str | None = None):
 def run_chain(model_spec: str, arm: str, seed: int, params: dict, *, stages: Sequence[str] = STAGES,
               student_key: str | None = None, limit: int | None = None, force: bool = False,
               model=None, tokenizer=None, teacher_tokenizer=None) -> dict:
-    """Stages (a) (b) (c) for one arm and seed; returns {stage: wall seconds} (also in timing.json)."""
+    """Stages (a) (b) (c) for one arm and seed; returns {stage: wall seconds} (also in `<dir>.timing.json`)."""
     unknown = [s for s in stages if s not in STAGES]
     if unknown:
         raise UserError(f"unknown own-heads stage(s) {', '.join(unknown)}; known: {', '.join(STAGES)}")
@@ -371,9 +393,9 @@ def run_chain(model_spec: str, arm: str, seed: int, params: dict, *, stages: Seq
     if model is None:
         model, tokenizer = load_student(model_spec, params, student_key)
     if teacher_tokenizer is None:
-        from mistill.models.loading import load_tokenizer
+        from mistill.models.loading import ModelSpec, load_tokenizer
 
-        teacher_tokenizer = load_tokenizer(str((params.get("models") or {})["teacher"]))
+        teacher_tokenizer = load_tokenizer(ModelSpec.from_params(params.get("models") or {}, "teacher"))
     timing: dict[str, float] = {}
     for stage in STAGES:
         if stage not in stages:
@@ -393,8 +415,9 @@ def run_chain(model_spec: str, arm: str, seed: int, params: dict, *, stages: Seq
         part = {k: v for k, v in timing.items() if k in owned}
         if not part:
             continue
-        path = directory / "timing.json"
+        path = timing_path(directory)
         previous = json.loads(path.read_text()).get("seconds", {}) if path.exists() else {}
         write_json(path, {"seconds": {**previous, **part}, "model": str(model_spec), "arm": arm, "seed": seed,
                           "threads": torch.get_num_threads(), "provenance": provenance(params, seed)})
+        (directory / "timing.json").unlink(missing_ok=True)  # where earlier runs wrote it, inside the output
     return timing

@@ -61,7 +61,7 @@ def cmd_compare(args) -> int:
 def register(subparsers) -> None:
     p = subparsers.add_parser("own-heads", help="one arm's own heads: attribution, knock-in (M4), read side (M2, M3)")
     p.add_argument("--model", required=True, help="the arm's checkpoint (e.g. artifacts/DT-001/<run>/model)")
-    p.add_argument("--arm", required=True, help="arm label naming HD-S-<arm>-s<seed>/ and M6-<arm>-s<seed>/")
+    p.add_argument("--arm", required=True, help="arm label naming HD-S/<arm>-s<seed>/ and M6/<arm>-s<seed>/")
     p.add_argument("--seed", type=int, default=0, help="the arm's training seed (names the outputs)")
     p.add_argument("--student", help="params models key (student_qwen, student_smol) for its rope scaling")
     p.add_argument("--stages", help="comma list of attribute,knockin,readside (default: all, in order)")

@@ -26,7 +26,17 @@ from tqdm import tqdm
 
 from mistill.errors import UserError
 from mistill.instrument.events import DECISION_KINDS, Event, extract_events
-from mistill.io import file_sha256, provenance, read_jsonl, write_json, write_jsonl, write_npz
+from mistill.io import (
+    file_sha256,
+    iter_json_lines,
+    provenance,
+    read_json,
+    read_jsonl,
+    read_npz,
+    write_json,
+    write_jsonl,
+    write_npz,
+)
 
 NOTE_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
 
@@ -47,15 +57,15 @@ def load_traces(path: str | Path) -> list[Trace]:
     if not path.exists():
         raise UserError(f"{path}: no such trace file (run the traces stage first)")
     traces, seen = [], set()
-    for n, row in enumerate(read_jsonl(path), start=1):
+    for where, row in iter_json_lines(path, "trace"):
         try:
             trace = Trace(str(row["note_id"]), row["prompt"], row["completion"], row.get("patient_id"))
         except (KeyError, TypeError) as err:
-            raise UserError(f"{path}:{n}: malformed trace record (missing {err})") from None
+            raise UserError(f"{where}: malformed trace record (missing {err})") from None
         if not NOTE_ID.match(trace.note_id):
-            raise UserError(f"{path}:{n}: note_id {trace.note_id!r} cannot name an artifact directory")
+            raise UserError(f"{where}: note_id {trace.note_id!r} cannot name an artifact directory")
         if trace.note_id in seen:
-            raise UserError(f"{path}:{n}: duplicate note_id {trace.note_id}")
+            raise UserError(f"{where}: duplicate note_id {trace.note_id}")
         seen.add(trace.note_id)
         traces.append(trace)
     if not traces:
@@ -86,10 +96,15 @@ def commit_artifact(path: Path, write: Callable[[Path], None], meta: dict) -> No
 
 
 def config_sha256(cfg: InstrumentConfig) -> str:
-    """The hash of the instrument parameters an artifact was computed under."""
+    """The hash of the instrument parameters an artifact was computed under (a local model by its files)."""
     import hashlib
 
+    from mistill.models.fingerprint import weights_fingerprint
+
     body = {k: v for k, v in cfg.as_dict().items() if k != "out_dir"}  # where it lies is not what it is
+    # a path is not its weights: a teacher retrained in place is another teacher
+    if cfg.teacher and Path(cfg.teacher).is_dir():
+        body["teacher"] = weights_fingerprint(cfg.teacher)
     return hashlib.sha256(json.dumps(body, sort_keys=True, default=str).encode()).hexdigest()
 
 
@@ -165,8 +180,9 @@ class NotePass:
     def path(self, note_id: str) -> Path:
         return self.out_dir / note_id / self.artifact
 
-    def needs(self, note_id: str, inputs: str | None = None) -> bool:
-        state = artifact_state(self.path(note_id), self.loader, self.config, inputs)
+    def needs(self, note_id: str, inputs: str | None = None, broken: str | None = None) -> bool:
+        """Whether the note is to be (re)computed; `broken` names a companion file found unreadable."""
+        state = broken or artifact_state(self.path(note_id), self.loader, self.config, inputs)
         if state == "valid" and not self.force:
             self.done += 1
             return False
@@ -255,14 +271,17 @@ class InstrumentConfig:
         return asdict(self)
 
 
-def load_teacher(cfg: InstrumentConfig):
-    from mistill.models.loading import load_model
+def load_teacher(cfg: InstrumentConfig, params: dict | None = None):
+    """The teacher as the profile runs it (its revision from params), with the instrument's dtype, YaRN and
+    attention implementation."""
+    from mistill.models.loading import ModelSpec, load_model
 
     device = cfg.device
     if device in (None, "auto"):
         device = "cuda" if torch.cuda.is_available() else "cpu"
-    model, tokenizer = load_model(cfg.teacher, dtype=cfg.dtype, rope_scaling=cfg.rope_scaling,
-                                  attn_implementation=cfg.attn_implementation, device=device)
+    spec = ModelSpec.from_params((params or {}).get("models") or {}, cfg.teacher, base="teacher").replace(
+        dtype=cfg.dtype, rope_scaling=cfg.rope_scaling, attn_implementation=cfg.attn_implementation)
+    model, tokenizer = load_model(spec, device=device)
     model.requires_grad_(False)
     return model, tokenizer
 
@@ -285,7 +304,7 @@ def run_events(cfg: InstrumentConfig, params: dict, *, model=None, tokenizer=Non
     traces = load_traces(cfg.traces)[:limit]
     codes = inventory_codes(cfg.inventory)
     if model is None:
-        model, tokenizer = load_teacher(cfg)
+        model, tokenizer = load_teacher(cfg, params)
     out = Path(cfg.out_dir)
     note_pass = NotePass("events", out, "events.jsonl", load_events, force, config_sha256(cfg))
     reports: dict[str, dict] = {}
@@ -293,9 +312,15 @@ def run_events(cfg: InstrumentConfig, params: dict, *, model=None, tokenizer=Non
         path = note_pass.path(trace.note_id)
         report_path = out / trace.note_id / "events_report.json"
         trace_digest = inputs_sha256(trace.prompt, trace.completion)
-        if not note_pass.needs(trace.note_id, trace_digest):
-            if report_path.exists():
-                reports[trace.note_id] = json.loads(report_path.read_text())
+        cached, broken = None, None
+        if report_path.exists():
+            try:
+                cached = read_json(report_path, "events report")
+            except UserError:  # the report belongs to the note's artifact: recompute both
+                broken = "its events_report.json is unreadable: truncated or corrupt"
+        if not note_pass.needs(trace.note_id, trace_digest, broken):
+            if cached is not None:
+                reports[trace.note_id] = cached
             continue
         text, ids, offsets, start = model_input(tokenizer, trace)
         events, report = extract_events(note_id=trace.note_id, text=text, ids=ids, offsets=offsets,
@@ -372,7 +397,7 @@ def run_attribution(cfg: InstrumentConfig, params: dict, *, model=None, tokenize
 
     notes = _notes_with_events(cfg, limit)
     if model is None:
-        model, tokenizer = load_teacher(cfg)
+        model, tokenizer = load_teacher(cfg, params)
     hook = HeadHook(model)
     running = RunningGlobalTop(hook.n_layers, hook.n_heads)
     out = Path(cfg.out_dir)
@@ -454,12 +479,12 @@ def run_knockin(cfg: InstrumentConfig, params: dict, *, model=None, tokenizer=No
     own: dict[str, dict[str, np.ndarray]] = {}
     cal_path = out / "calibration.npz"
     if cal_path.exists():
-        with np.load(cal_path) as data:
-            for phase in DECISION_KINDS:
-                if f"ic_{phase}" in data.files:
-                    own[phase] = dict(zip(data[f"notes_{phase}"].tolist(), data[f"ic_{phase}"]))
+        data = read_npz(cal_path, "calibration arrays")
+        for phase in DECISION_KINDS:
+            if f"ic_{phase}" in data:
+                own[phase] = dict(zip(data[f"notes_{phase}"].tolist(), data[f"ic_{phase}"]))
     if model is None:
-        model, tokenizer = load_teacher(cfg)
+        model, tokenizer = load_teacher(cfg, params)
     hook = HeadHook(model)
     n_heads_total = hook.n_layers * hook.n_heads
     # App. D: the exact P2C refinement nominates the event's top-k by |A_h| plus the global top
@@ -538,7 +563,7 @@ def run_selftest(cfg: InstrumentConfig, params: dict, *, model=None, tokenizer=N
     if not p1:
         raise UserError("self-test: no note has a P1 event")
     if model is None:
-        model, tokenizer = load_teacher(cfg)
+        model, tokenizer = load_teacher(cfg, params)
     hook = HeadHook(model)
     try:
         _, ids, _, _ = model_input(tokenizer, trace)

@@ -5,7 +5,8 @@
     mistill models pretrain-students
                                    -> the same directories, pretrained (models.student_pretraining)
     mistill models traces --set TR-006|TR-007|TR-008
-                                   -> <artifacts>/<set>/traces.jsonl and summary.json
+                                   -> <artifacts>/<set>/traces.jsonl and summary.json (resumable per
+                                      note, mistill.models.trace_rows); timing.json (uncached)
 
 Parameters come from the active profile (`models`, `decoding`, `seeds`, `paths`).
 """
@@ -34,6 +35,26 @@ def _loaded_by_id(section: dict[str, Any], keys: list[str]) -> bool:
     from mistill.models.loading import is_local_spec
 
     return all(section.get(k) and not is_local_spec(str(section[k])) for k in keys)
+
+
+def role_dir(section: dict[str, Any], key: str) -> Path:
+    """What the stages depend on for the model `key`: `<models.dir>/<key with dashes>`.
+
+    A local model (the demo's) lives there; a model loaded by id has its pin file there.
+    """
+    return Path(str(section["dir"])) / key.replace("_", "-")
+
+
+def _write_pins(section: dict[str, Any], keys: list[str]) -> None:
+    """Pin each model loaded by id (id, revision) in its role directory: the stages' dependency, so
+    changing a model's id or revision re-runs everything that reads the model."""
+    from mistill.io import write_json
+
+    for key in keys:
+        pin = role_dir(section, key) / "pin.json"
+        pin.parent.mkdir(parents=True, exist_ok=True)
+        write_json(pin, {"model": key, "id": str(section[key]), "revision": (section.get("revision") or {}).get(key)})
+        print(f"{key}: {section[key]} is loaded by id under this profile; pinned in {pin}")
 
 
 def _set_threads(section: dict[str, Any]) -> None:
@@ -81,7 +102,7 @@ def save_model_dir(model: Any, tokenizer: Any, directory: str | Path, extra_json
 
 def demo_tokenizer(params: dict[str, Any], family: str):
     """The compact tokenizer of a family over the demo corpus (identical for every model of that family)."""
-    from mistill.models.demo_world import cut_for_prompt, load_note_file, load_world, remap_corpus
+    from mistill.models.world_files import cut_for_prompt, load_note_file, load_world, remap_corpus
     from mistill.models.tokenizers import CompactTokenizer, base_tokenizer, build_remap
 
     world = load_world(params)
@@ -100,7 +121,7 @@ def demo_tokenizer(params: dict[str, Any], family: str):
 def teacher_notes(params: dict[str, Any], world: Any) -> list:
     """The teacher's training notes: the pool's `source_split` notes, minus every patient of the
     characterization and distillation-test corpora, cut as prompts are (App. A)."""
-    from mistill.models.demo_world import cut_for_prompt, load_note_file
+    from mistill.models.world_files import cut_for_prompt, load_note_file
 
     cfg = _models(params)["teacher_training"]
     held_out = set()
@@ -146,7 +167,7 @@ def generated_notes(params: dict[str, Any], world: Any, n_patients: int, seed: i
 def cmd_train_teacher(args) -> int:
     from mistill.io import provenance
     from mistill.models.architectures import TinyArchitecture, build_model
-    from mistill.models.demo_world import load_world
+    from mistill.models.world_files import load_world
     from mistill.models.train_teacher import build_examples, train
     from mistill.params import load_params
 
@@ -154,8 +175,8 @@ def cmd_train_teacher(args) -> int:
     section = _models(params)
     cfg = section.get("teacher_training")
     if not cfg:
-        if _loaded_by_id(section, ["teacher"]):  # the paper profile: the stage has nothing to do
-            print(f"teacher: {section['teacher']} is loaded by id under this profile; nothing to train")
+        if _loaded_by_id(section, ["teacher"]):  # the paper profile: nothing to train, only a pin to write
+            _write_pins(section, ["teacher"])
             return 0
         raise UserError("params: models.teacher_training is not set for this profile, and models.teacher is a "
                         "local directory: set teacher_training or point models.teacher at a model id")
@@ -250,7 +271,7 @@ def pretraining_notes(params: dict[str, Any], world: Any) -> list:
     They stand in for what an off-the-shelf student brings (App. J.1: Qwen3-4B and SmolLM3-3B are
     pretrained models that have never been distilled from the teacher): no corpus patient, no teacher
     trace and no RT-003 shortlist is among them."""
-    from mistill.models.demo_world import cut_for_prompt
+    from mistill.models.world_files import cut_for_prompt
 
     cfg = _models(params)["student_pretraining"]
     notes = generated_notes(params, world, int(cfg["patients"]), int(cfg["notes_seed"]), "pretrain",
@@ -266,7 +287,7 @@ def cmd_pretrain_students(args) -> int:
     import torch
 
     from mistill.io import provenance
-    from mistill.models.demo_world import load_world
+    from mistill.models.world_files import load_world
     from mistill.models.train_teacher import build_examples, train
     from mistill.params import load_params
 
@@ -275,9 +296,8 @@ def cmd_pretrain_students(args) -> int:
     cfg = section.get("student_pretraining")
     keys = args.students.split(",") if args.students else ["student_qwen", "student_smol"]
     if not cfg:
-        if _loaded_by_id(section, keys):  # the paper profile: the stage has nothing to do
-            print(f"students: {', '.join(str(section[k]) for k in keys)} are loaded by id under this profile; "
-                  "nothing to pretrain")
+        if _loaded_by_id(section, keys):  # the paper profile: nothing to pretrain, only pins to write
+            _write_pins(section, keys)
             return 0
         raise UserError("params: models.student_pretraining is not set for this profile, and a student is a local "
                         "directory: set student_pretraining or point the students at model ids")
@@ -314,82 +334,29 @@ def cmd_pretrain_students(args) -> int:
 
 
 def cmd_traces(args) -> int:
-    from tqdm import tqdm
+    import torch
 
-    from mistill.io import provenance, read_jsonl, write_json, write_jsonl
-    from mistill.models.demo_world import FULL, load_note_file, load_world
-    from mistill.models.generation import Decoding, generate
-    from mistill.models.loading import load_model
-    from mistill.models.traces import TRACE_SETS, most_frequent_code, summarize, trace_path
+    from mistill.io import write_json
+    from mistill.models.traces import TRACE_SETS, run_trace_set
     from mistill.params import load_params
-    from mistill.world.answers import parse_answer
-    from mistill.world.prompt import template_hash
 
     if args.set not in TRACE_SETS:
         raise UserError(f"unknown trace set {args.set!r}; known: {', '.join(TRACE_SETS)}")
+    start = time.perf_counter()
     params = load_params()
     section = _models(params)
     _set_threads(section)
-    files, kind = TRACE_SETS[args.set]
-    world = load_world(params, need_shortlists=kind != FULL)
-    notes = [n for name in files for n in load_note_file(params, name, world.inventory)]
-    if args.limit:
-        notes = notes[:args.limit]
-    decoding = Decoding.from_params(params["decoding"])
-    spec = args.model or section["teacher"]
-    base_seed = int(params["seeds"]["decoding"])
     backend = section.get("generation_backend", "transformers")
-    # Sampling reads no attention probabilities, so it may use sdpa (the same function as eager, with a
-    # fused kernel); the setting is recorded with the decoding settings.
-    attn = section.get("generation_attn_implementation") or section.get("attn_implementation", "eager")
-    load_kwargs = {"dtype": section.get("dtype"), "rope_scaling": (section.get("rope_scaling") or {}).get("teacher"),
-                   "attn_implementation": attn}
-    path = trace_path(params, args.set)
-    settings = {**decoding.as_dict(), "backend": backend, "attn_implementation": attn}
-
-    done: dict[str, dict] = {}
-    if path.exists():  # resumable per note: keep records made with the same model and decoding
-        done = {r["note_id"]: r for r in read_jsonl(path)
-                if r.get("model") == spec and r.get("decoding") == settings}
-    todo = [n for n in notes if n.note_id not in done]
     device = _device(args.device or section.get("device")) if backend == "transformers" else "vllm"
-    if backend == "transformers" and todo:
-        model, tokenizer = load_model(spec, **load_kwargs, device=device)
-        runner = (model, tokenizer)
-    else:
-        runner = spec
-    order = [n.note_id for n in notes]
-    batch = todo if backend == "vllm" else None
-    pending = [batch] if batch else [[n] for n in todo]
-    for group in tqdm(pending, desc=args.set, unit="note", disable=backend == "vllm"):
-        prompts = [world.prompt(n, kind) for n in group]
-        seeds = [base_seed] * len(group)  # App. B: one fixed seed for every teacher trace
-        generations = generate(runner, prompts, seeds=seeds, backend=backend, load_kwargs=load_kwargs,
-                               **decoding.as_dict())
-        for note, gen in zip(group, generations):
-            parsed = parse_answer(gen.completion, world.inventory, hit_cap=gen.hit_cap)
-            done[note.note_id] = {
-                "note_id": note.note_id, "prompt": gen.prompt, "completion": gen.completion,
-                "valid": parsed.valid, "hit_cap": parsed.hit_cap, "degenerate": parsed.degenerate,
-                "answer": list(parsed.answer), "n_new_tokens": gen.n_new_tokens, "seed": gen.seed,
-                "decoding": settings, "model": spec,
-            }
-        write_jsonl(path, [done[i] for i in order if i in done])
-
-    records = [done[i] for i in order]
-    gold = {n.note_id: n.gold_codes for n in notes}
-    splits = {n.note_id: n.split for n in notes}
-    candidates = {n.note_id: [c.code for c in world.candidates(n, kind)] for n in notes}
-    train_gold = [n.gold_codes for n in load_note_file(params, "dt_train.jsonl", world.inventory)]
-    summary = summarize(records, gold, splits, candidates, most_frequent_code(train_gold))
-    summary["provenance"] = provenance({"models": section, "decoding": params["decoding"],
-                                        "seeds": params["seeds"]}, seed=base_seed, trace_set=args.set,
-                                       prompt_kind=kind, model=spec, prompt_template_sha256=template_hash(),
-                                       device=device, torch_threads=__import__("torch").get_num_threads())
-    write_json(path.with_name("summary.json"), summary)
-    overall = summary["overall"]
+    run = run_trace_set(params, args.set, spec=args.model or section["teacher"], device=device, limit=args.limit)
+    # where and how fast: uncached and undeclared, so the hashed outputs are the same on every machine
+    write_json(run.path.with_name("timing.json"), {
+        "seconds": round(time.perf_counter() - start, 1), "computed": run.computed, "reused": run.reused,
+        "device": device, "torch_threads": torch.get_num_threads()})
+    overall = run.summary["overall"]
+    print(f"{args.set}: {run.computed} notes computed, {run.reused} reused")
     print(f"{args.set}: {overall['notes']} notes, valid {overall['valid_rate']:.2f}, "
-          f"micro-F1 {overall['teacher']['micro_f1']:.3f} -> {path}")
+          f"micro-F1 {overall['teacher']['micro_f1']:.3f} -> {run.path}")
     return 0
 
 

@@ -34,7 +34,7 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from mistill.models.demo_world import FULL, SHORTLIST, DemoWorld
+from mistill.models.world_files import FULL, SHORTLIST, DemoWorld
 from mistill.world.types import Note
 
 IGNORE = -100

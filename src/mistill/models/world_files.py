@@ -1,4 +1,4 @@
-"""The demo world as the models layer reads it: inventory, notes, shortlists, prompts.
+"""The world as the models layer reads it: inventory, notes, shortlists, prompts.
 
 One place that knows where `mistill world` wrote its files (`<artifacts>/data/`)
 and how a note becomes a prompt: the full inventory, or its shortlist in the
