@@ -96,7 +96,7 @@ def _entry(registry: Registry, result: Result) -> list[str]:
         "- **Data:** " + ", ".join(f"`{d}`" for d in result.data),
         f"- **Code:** stage `{result.stage}`, reader `{result.reader}`"
         + (f"; the paper's: {', '.join(f'`{r}`' for r in result.paper_readers)}" if result.paper_readers else ""),
-        "- **Config:** params.yaml " + ", ".join(f"`${{profile}}.{p}`" for p in result.params),
+        "- **Config:** params.yaml " + ", ".join(f"`profile.{p}`" for p in result.params),
         f"- **Seeds:** {_md(result.seeds)}",
         "- **Compute:** " + "; ".join(f"{p}: {_md(c)}" for p, c in result.compute.items()),
         f"- **Command:** {command}",
