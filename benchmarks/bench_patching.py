@@ -29,6 +29,8 @@ import time
 from pathlib import Path
 
 import torch
+
+from mistill.models.loading import cast_weights
 from transformers import DynamicCache, Qwen3Config, Qwen3ForCausalLM
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
@@ -57,7 +59,7 @@ def build(shape: str, layers: int | None, dtype: torch.dtype, device: str) -> Qw
                       attn_implementation="sdpa")
     torch.manual_seed(0)
     with torch.device(device):
-        model = Qwen3ForCausalLM(cfg).to(dtype)
+        model = cast_weights(Qwen3ForCausalLM(cfg), dtype)   # RoPE's inv_freq stays fp32
     return model.eval().requires_grad_(False)
 
 

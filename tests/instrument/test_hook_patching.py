@@ -201,7 +201,9 @@ def test_split_attention_on_cuda_bf16_matches_the_fp32_masked_path():
     from tests.instrument.conftest import tiny_qwen3
 
     model32 = tiny_qwen3(211, layers=3, heads=8, kv_heads=2, head_dim=64).cuda()
-    model16 = tiny_qwen3(211, layers=3, heads=8, kv_heads=2, head_dim=64).cuda().to(torch.bfloat16)
+    from mistill.models.loading import cast_weights
+
+    model16 = cast_weights(tiny_qwen3(211, layers=3, heads=8, kv_heads=2, head_dim=64).cuda(), torch.bfloat16)
     ids = _ids(10, n=300)
     results = []
     for model, split in ((model32, False), (model16, True)):
