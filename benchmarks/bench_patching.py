@@ -29,9 +29,9 @@ import time
 from pathlib import Path
 
 import torch
+from transformers import DynamicCache, Qwen3Config, Qwen3ForCausalLM
 
 from mistill.models.loading import cast_weights
-from transformers import DynamicCache, Qwen3Config, Qwen3ForCausalLM
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 

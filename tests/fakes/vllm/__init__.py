@@ -9,16 +9,28 @@ Its "model" is scripted: a request's seed alone decides its tokens (ids drawn be
 vocabulary size, never the end-of-turn id) and where the model would end its turn; the engine then
 stops where vLLM would: at a stop token id, at the config's end token unless `ignore_eos`, or at
 `max_tokens`.
+
+Scripted mode (`MISTILL_FAKE_VLLM_SCRIPT=<json>`, set by the paper profile's rehearsal,
+`mistill rehearsal build`): a request is answered with plausible reasoning instead of random ids.
+The fake decodes the prompt with the model's own tokenizer, reads the candidate lines and the note
+from App. B's prompt, looks the note up in the script (`{"keep": share, "notes": [{"text", "gold"}]}`,
+the admission whose text shares the longest prefix with the prompt's note) and writes the demo's
+scripted trace (`mistill.models.scripted_traces`) for a subset of its gold codes: each kept with
+probability `keep` under a generator seeded by the request's seed, the model and the note, so arms,
+seeds and notes differ.  The trace is encoded by the model's tokenizer and closed with its end-of-turn
+id; the stop rules above apply to it unchanged.  A trace token outside the model's table is an error.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import random
 from dataclasses import dataclass, field
 from pathlib import Path
 
 ENGINES: list[LLM] = []  # every engine made since the test's fixture cleared it
+SCRIPT_ENV = "MISTILL_FAKE_VLLM_SCRIPT"
 
 ENGINE_ARGUMENTS = {"model", "tokenizer", "skip_tokenizer_init", "dtype", "seed", "tensor_parallel_size",
                     "gpu_memory_utilization", "max_model_len", "hf_overrides", "revision", "tokenizer_revision",
@@ -63,6 +75,7 @@ class LLM:
         self.end_token = int(config["eos_token_id"])
         self.vocab_size = int(config["vocab_size"])
         self.requests: list[tuple[list[int], SamplingParams]] = []
+        self.script = Script(os.environ[SCRIPT_ENV], model) if os.environ.get(SCRIPT_ENV) else None
         ENGINES.append(self)
 
     def generate(self, prompts, sampling_params, use_tqdm: bool = True) -> list[RequestOutput]:
@@ -77,11 +90,13 @@ class LLM:
                     raise ValueError("skip_tokenizer_init needs detokenize=False")
             ids = list(prompt["prompt_token_ids"])
             self.requests.append((ids, params))
-            tokens, reason = self._sample(params)
+            tokens, reason = self._sample(params, ids)
             outputs.append(RequestOutput(str(i), ids, [CompletionOutput(0, "", tokens, reason)]))
         return outputs
 
-    def _sample(self, params: SamplingParams) -> tuple[list[int], str]:
+    def _sample(self, params: SamplingParams, prompt_ids: list[int] | None = None) -> tuple[list[int], str]:
+        if self.script is not None:
+            return self._stop(self.script.completion_ids(prompt_ids or [], params.seed), params)
         rng = random.Random(params.seed)
         turn_length = rng.randint(1, 12)  # where the scripted model emits its end-of-turn token
         body = [t for t in range(self.vocab_size) if t != self.end_token]
@@ -93,3 +108,51 @@ class LLM:
                 return tokens, "stop"
             if len(tokens) == params.max_tokens:
                 return tokens, "length"
+
+    def _stop(self, script: list[int], params: SamplingParams) -> tuple[list[int], str]:
+        """The engine's stop rules over a scripted token sequence."""
+        tokens = []
+        for token in script:
+            tokens.append(token)
+            if token in params.stop_token_ids or (token == self.end_token and not params.ignore_eos):
+                return tokens, "stop"
+            if len(tokens) == params.max_tokens:
+                return tokens, "length"
+        return tokens, "stop"
+
+
+class Script:
+    """Scripted traces for one model (see the module docstring)."""
+
+    def __init__(self, path: str, model: str):
+        from mistill.models.loading import load_tokenizer
+
+        data = json.loads(Path(path).read_text(encoding="utf-8"))
+        self.keep = float(data.get("keep", 1.0))
+        self.notes = [(row["text"].strip(), tuple(row["gold"])) for row in data["notes"]]
+        self.model = str(model)
+        self.tokenizer = load_tokenizer(model)
+
+    def gold(self, note: str) -> tuple[str, ...]:
+        text, gold = max(self.notes, key=lambda row: len(os.path.commonprefix([row[0], note])))
+        return gold if os.path.commonprefix([text, note]) else ()
+
+    def completion_ids(self, prompt_ids: list[int], seed: int | None) -> list[int]:
+        from mistill.models.scripted_traces import script_trace
+        from mistill.world.prompt import LIST_HEADER, NOTE_HEADER, ROLE_SENTENCE
+        from mistill.world.types import Code, Note
+
+        prompt = self.tokenizer.decode(prompt_ids)
+        start = prompt.index(LIST_HEADER) + len(LIST_HEADER)
+        note_at = prompt.index(f"\n\n{NOTE_HEADER}\n\n", start)
+        end = prompt.index(f"\n\n{ROLE_SENTENCE}", note_at)
+        lines = [line.split(" ", 1) for line in prompt[start:note_at].strip("\n").split("\n")]
+        note = prompt[note_at + len(NOTE_HEADER) + 4:end]
+        rng = random.Random(f"{seed}:{self.model}:{note[:200]}")
+        gold = tuple(code for code in self.gold(note) if rng.random() < self.keep)
+        trace = script_trace(Note("scripted", "scripted", note, gold), [Code(c, d) for c, d in lines], seed=seed or 0)
+        ids = self.tokenizer.encode(trace.completion).ids
+        if getattr(self.tokenizer, "unk_token_id", None) in ids:
+            raise ValueError(f"fake vllm: the scripted trace has tokens outside {self.model}'s table: "
+                             f"{trace.completion[:200]!r}")
+        return ids + [self.tokenizer.eos_token_id]
