@@ -105,11 +105,11 @@ def cmd_generate(args) -> int:
     from tqdm import tqdm
 
     from mistill.io import provenance, write_json
-    from mistill.models.world_files import SHORTLIST, load_world
     from mistill.models.fingerprint import model_fingerprint
     from mistill.models.generation import Decoding
     from mistill.models.loading import ModelSpec, load_model
     from mistill.models.trace_rows import ResumableRows, input_key
+    from mistill.models.world_files import SHORTLIST, load_world
     from mistill.params import load_params
     from mistill.world.answers import parse_answer
     from mistill.world.notes import load_notes

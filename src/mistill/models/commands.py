@@ -102,8 +102,8 @@ def save_model_dir(model: Any, tokenizer: Any, directory: str | Path, extra_json
 
 def demo_tokenizer(params: dict[str, Any], family: str):
     """The compact tokenizer of a family over the demo corpus (identical for every model of that family)."""
-    from mistill.models.world_files import cut_for_prompt, load_note_file, load_world, remap_corpus
     from mistill.models.tokenizers import CompactTokenizer, base_tokenizer, build_remap
+    from mistill.models.world_files import cut_for_prompt, load_note_file, load_world, remap_corpus
 
     world = load_world(params)
     pool = load_note_file(params, "notes.jsonl", world.inventory)
@@ -167,8 +167,8 @@ def generated_notes(params: dict[str, Any], world: Any, n_patients: int, seed: i
 def cmd_train_teacher(args) -> int:
     from mistill.io import provenance
     from mistill.models.architectures import TinyArchitecture, build_model
-    from mistill.models.world_files import load_world
     from mistill.models.train_teacher import build_examples, train
+    from mistill.models.world_files import load_world
     from mistill.params import load_params
 
     params = load_params()
@@ -287,8 +287,8 @@ def cmd_pretrain_students(args) -> int:
     import torch
 
     from mistill.io import provenance
-    from mistill.models.world_files import load_world
     from mistill.models.train_teacher import build_examples, train
+    from mistill.models.world_files import load_world
     from mistill.params import load_params
 
     params = load_params()
