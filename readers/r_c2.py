@@ -85,7 +85,8 @@ def main() -> int:
     args = reader_args(__doc__.splitlines()[0])
     params = active_params(args.profile)
     values, inputs = compute_values(params)
-    emit("R-C2", values, reader=READER, inputs=inputs, params=params, strict=args.strict)
+    emit("R-C2", values, reader=READER, inputs=inputs, params=params, strict=args.strict,
+         declared=keys(params))
     return 0
 
 

@@ -130,4 +130,4 @@ def compute_values(params: dict) -> tuple[dict, list[Path]]:
 
 
 if __name__ == "__main__":
-    raise SystemExit(main_for("R-D2", READER, compute_values))
+    raise SystemExit(main_for("R-D2", READER, compute_values, keys))

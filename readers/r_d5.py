@@ -175,4 +175,4 @@ def compute_values(params: dict) -> tuple[dict, list[Path]]:
 
 
 if __name__ == "__main__":
-    raise SystemExit(main_for("R-D5", READER, compute_values))
+    raise SystemExit(main_for("R-D5", READER, compute_values, keys))

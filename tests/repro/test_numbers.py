@@ -87,3 +87,15 @@ def test_malformed_numbers_file_is_one_clear_line(registry, tmp_path, content, m
     with pytest.raises(UserError) as err:
         read_numbers(path, registry)
     assert message in str(err.value) and str(err.value).startswith(str(path)) and "\n" not in str(err.value)
+
+
+def test_a_key_the_reader_declares_is_written_until_blessed(registry, tmp_path):
+    """A reader may write a key no profile records yet when its `keys(params)` declares it (e.g. the head the
+    demo names by its own rule); any other unknown key is still refused."""
+    values = _values(knockin_top40_p1=0.9, l3h2_ic_p1=3.9)
+    with pytest.raises(UserError, match="unknown value key 'l3h2_ic_p1'"):
+        write_numbers("R-C3", values, reader="r", inputs=[], params=PARAMS, results_dir=tmp_path, registry=registry)
+    path = write_numbers("R-C3", values, reader="r", inputs=[], params=PARAMS, results_dir=tmp_path,
+                         registry=registry, declared_keys=["l3h2_ic_p1"])
+    assert json.loads(path.read_text())["values"]["l3h2_ic_p1"]["value"] == 3.9
+    assert read_numbers(path, registry).values["l3h2_ic_p1"]["value"] == 3.9   # readable by check and bless

@@ -195,31 +195,34 @@ def n_notes_text(arm: ArmSeed) -> str:
     return f"{len(arm.generations)} test notes"
 
 
-def write(result_id: str, reader: str, values: dict, inputs: list[Path], params: dict) -> int:
-    """Write the registered keys; name (stderr) any computed key the registry does not know yet."""
+def write(result_id: str, reader: str, values: dict, inputs: list[Path], params: dict,
+          declared: list[str] = ()) -> int:
+    """Write the keys the registry knows or the reader declares; name (stderr) any other computed key."""
     from mistill.repro.numbers import write_numbers
     from mistill.repro.registry import load_registry
 
-    known = set(load_registry().registered_keys(result_id))
+    known = set(load_registry().registered_keys(result_id)) | set(declared)
     unknown = sorted(set(values) - known)
     if unknown:
         print(f"{reader}: not registered for {result_id}, left out: {', '.join(unknown)}", file=sys.stderr)
     values = {k: v for k, v in values.items() if k in known}
     if not values:
         raise UserError(f"{result_id}: no registered value could be read (build its inputs: dvc repro {result_id})")
-    path = write_numbers(result_id, values, reader=reader, inputs=sorted(set(map(str, inputs))), params=params)
+    path = write_numbers(result_id, values, reader=reader, inputs=sorted(set(map(str, inputs))), params=params,
+                         declared_keys=declared)
     print(f"{reader}: wrote {path} ({len(values)} values)")
     return 0
 
 
-def main_for(result_id: str, reader: str, compute) -> int:
+def main_for(result_id: str, reader: str, compute, keys=None) -> int:
+    """A reader's entry point: compute under the active params, write; `keys(params)` is what it declares."""
     parser = argparse.ArgumentParser(description=f"{result_id} reader")
     parser.add_argument("--profile", default=None, help="params.yaml profile (default: the active one)")
     args = parser.parse_args()
     try:
         params = load_params(profile=args.profile)
         values, inputs = compute(params)
-        return write(result_id, reader, values, inputs, params)
+        return write(result_id, reader, values, inputs, params, declared=keys(params) if keys else ())
     except UserError as err:
         print(f"{reader}: error: {err}", file=sys.stderr)
         return 2

@@ -43,14 +43,15 @@ def value(v: Any, statistic: str, artifact: str | Path) -> dict:
 
 
 def emit(result_id: str, values: dict[str, dict], *, reader: str, inputs: list, params: dict,
-         strict: bool = False) -> Path:
-    """Write the registry-known keys through mistill.repro.numbers; report the others."""
+         strict: bool = False, declared: list[str] = ()) -> Path:
+    """Write the keys the registry knows or the reader declares (`keys(params)`); report the others."""
     from mistill.repro.numbers import write_numbers
     from mistill.repro.registry import load_registry
 
     registry = load_registry(".")
     profile_keys = registry.expected(params["profile"]).values.get(result_id)
     allowed = set(profile_keys) if profile_keys else set(registry.registered_keys(result_id))
+    allowed |= set(declared)
     unknown = sorted(k for k in values if k not in allowed)
     if unknown:
         message = f"{result_id}: keys not in the registry, not written: {', '.join(unknown)}"
@@ -60,7 +61,8 @@ def emit(result_id: str, values: dict[str, dict], *, reader: str, inputs: list, 
     kept = {k: v for k, v in values.items() if k in allowed}
     if not kept:
         raise UserError(f"{result_id}: none of the computed keys is registered ({', '.join(sorted(values))})")
-    path = write_numbers(result_id, kept, reader=reader, inputs=[str(p) for p in inputs], params=params)
+    path = write_numbers(result_id, kept, reader=reader, inputs=[str(p) for p in inputs], params=params,
+                         declared_keys=declared)
     print(f"{reader}: wrote {path} ({len(kept)} values)")
     return path
 

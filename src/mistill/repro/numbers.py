@@ -56,13 +56,16 @@ def numbers_path(results_dir: str | Path, result_id: str) -> Path:
 def write_numbers(result_id: str, values: Mapping[str, Mapping[str, Any]], *, reader: str,
                   inputs: Iterable[str | Path], params: Mapping[str, Any],
                   results_dir: str | Path | None = None, root: str | Path = ".",
-                  registry: Registry | None = None) -> Path:
+                  registry: Registry | None = None, declared_keys: Iterable[str] = ()) -> Path:
     """Validate and atomically write ``<results_dir>/<result_id>.json``; return its path.
 
     `params` is the active profile's section (`mistill.params.load_params()`);
     its `profile` names the profile and its `paths.results` the directory unless
     `results_dir` is given.  Keys must be the profile's expected keys for this id
-    when the profile records any, else keys the registry knows for it.  With
+    when the profile records any, else keys the registry knows for it, or keys the
+    reader declares it writes under these params (`declared_keys`: a reader's
+    `keys(params)`, e.g. a head the demo names by its own rule), which the check
+    then reports as values without expected values until they are blessed.  With
     `privacy.hash_note_ids`, note ids in input paths and artifact fields become
     pseudonyms (the note files of `privacy.notes`, relative to `root`, must exist).
     """
@@ -72,7 +75,8 @@ def write_numbers(result_id: str, values: Mapping[str, Mapping[str, Any]], *, re
     if not isinstance(profile, str) or profile not in registry.profiles:
         raise UserError(f"{result_id}: params must name a registered profile under 'profile', got {profile!r}")
     profile_keys = registry.expected(profile).values.get(result_id)
-    allowed = list(profile_keys) if profile_keys else registry.registered_keys(result_id)
+    allowed = set(profile_keys) if profile_keys else set(registry.registered_keys(result_id))
+    allowed |= set(declared_keys)
     if not values:
         raise UserError(f"{result_id}: no values to write")
     clean: dict[str, dict[str, Any]] = {}
