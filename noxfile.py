@@ -72,3 +72,11 @@ def bench(session: nox.Session) -> None:
 @nox.session
 def lint(session: nox.Session) -> None:
     session.run("ruff", "check", "src", "tests", "readers", "tools", "noxfile.py", *session.posargs)
+
+
+@nox.session
+def publish(session: nox.Session) -> None:
+    """Push every cached stage output to the active profile's DVC remotes (`dvc push`): the demo's default
+    local remote, or under the paper profile the private and shareable remotes params.yaml names, after the
+    privacy guard has checked the shareable outputs (`-- --dry-run` prints the plan; README "Remotes")."""
+    session.run("mistill", "repro", "publish", *session.posargs)

@@ -4,6 +4,10 @@
     mistill repro render [--strict] [--results DIR] [--out paper/build] [--templates paper/templates]
     mistill repro registry-md [--check]
     mistill repro bless IDS... [--accept-breach REASON] [--profile P] [--results DIR]
+    mistill repro privacy [PATHS...] [--shareable]
+    mistill repro publish [TARGETS...] [--dry-run]
+
+`render` also draws the figures of paper/templates/figures/ (PDF and PNG, mistill.repro.figures).
 """
 
 from __future__ import annotations
@@ -48,6 +52,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
     from mistill.repro.privacy import register as register_privacy  # `mistill repro privacy`
     register_privacy(subparsers)
+    from mistill.repro.remotes import register as register_publish  # `mistill repro publish`
+    register_publish(subparsers)
 
 
 def _common(parser: argparse.ArgumentParser) -> None:
@@ -92,7 +98,13 @@ def cmd_render(args: argparse.Namespace) -> int:
             shown = ", ".join(claimed[:6]) + (f", ... ({len(claimed)} in all)" if len(claimed) > 6 else "")
             print(f"{target}: ?? for {shown}", file=sys.stderr)
     print(report.summary(), file=sys.stderr)
-    print(f"wrote {len(report.outputs)} files under {args.out}")
+    if report.figures is not None:
+        for fig in report.figures.placeholders:
+            print(f"figures/{fig.name}: missing-data placeholder ({fig.placeholder})", file=sys.stderr)
+        print(report.figures.summary(), file=sys.stderr)
+    figure_files = [p for p in report.outputs if p.parent == args.out / "figures"]
+    print(f"wrote {len(report.outputs) - len(figure_files)} files under {args.out}"
+          + (f", and {len(figure_files)} under {args.out / 'figures'}" if figure_files else ""))
     return 0
 
 

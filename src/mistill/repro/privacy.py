@@ -2,7 +2,9 @@
 
 DESIGN "Privacy": under the paper profile nothing of MIMIC-IV may reach results/, paper/,
 logs meant for release or the shareable DVC remote.  `mistill repro privacy [PATHS...]`
-scans every file under results/ and paper/build/, and every file or directory given, for
+scans every file under results/ and paper/build/, and every file or directory given
+(`--shareable`: every output the profile sends to its shareable DVC remote, file names included;
+`mistill.repro.remotes`), for
 
 * note and trace text: any 8-token run of a note of the profile's corpora (`privacy.notes`)
   or of a trace completion of its trace sets (`privacy.traces`); tokens are the whitespace
@@ -255,8 +257,12 @@ class PrivacyReport:
 
 
 def run_privacy(params: Mapping[str, Any], scan: Iterable[str | Path], *, required: Iterable[str | Path] = (),
-                root: str | Path = ".") -> PrivacyReport:
-    """Scan every file under `scan` (absent entries are noted; absent `required` ones are errors)."""
+                root: str | Path = ".", names: bool = False) -> PrivacyReport:
+    """Scan every file under `scan` (absent entries are noted; absent `required` ones are errors).
+
+    With `names`, a file's path below a scanned directory is checked for identifiers too: a DVC
+    remote stores a directory output's manifest, which lists those paths.
+    """
     start = time.perf_counter()
     settings = PrivacySettings.from_params(params)
     sources = load_sources(settings, root)
@@ -278,6 +284,9 @@ def run_privacy(params: Mapping[str, Any], scan: Iterable[str | Path], *, requir
             raw = path.read_bytes()
             report.files += 1
             report.bytes += len(raw)
+            if names and top.is_dir() and _has_identifier(path.relative_to(top).as_posix(), sources.identifiers):
+                report.findings.append(Finding(path, "file name", IDENTIFIER,
+                                               "a whole token of the path a remote's directory manifest lists"))
             report.findings += scan_text(path, raw.decode("utf-8", errors="replace"), sources, settings)
     report.seconds = time.perf_counter() - start
     return report
@@ -389,6 +398,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     sub.add_argument("--profile", help="profile whose notes and traces count (default: params.yaml's active one)")
     sub.add_argument("--results", type=Path, help="numbers files directory (default: params paths.results)")
     sub.add_argument("--paper-build", type=Path, default=Path("paper/build"), help="rendered paper directory")
+    sub.add_argument("--shareable", action="store_true",
+                     help="scan instead the outputs the profile sends to its shareable DVC remote (params "
+                          "remotes.shareable_outputs): their files' text and their file names")
     sub.set_defaults(func=cmd_privacy)
 
 
@@ -397,7 +409,12 @@ def cmd_privacy(args: argparse.Namespace) -> int:
 
     params = load_params(profile=args.profile)
     results = args.results or Path(params.get("paths", {}).get("results", "results"))
-    report = run_privacy(params, [results, args.paper_build, *args.paths], required=args.paths)
+    if args.shareable:
+        from mistill.repro.remotes import check_shareable
+
+        report = check_shareable(params)
+    else:
+        report = run_privacy(params, [results, args.paper_build, *args.paths], required=args.paths)
     for note in report.notes:
         print(f"privacy: {note}")
     for finding in report.findings:

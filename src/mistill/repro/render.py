@@ -16,6 +16,11 @@ result, a paper-only key or seed of a demo result) shows ``??`` in both modes
 and is counted in the summary.  A template naming an id it did not declare, or
 a key the registry does not know, is an error in both modes.  Nothing is
 written until every output has rendered.
+
+Figures: every spec in ``paper/templates/figures/*.yaml`` is drawn with matplotlib into
+``figures/<name>.pdf`` and ``.png`` (``mistill.repro.figures``), from the same numbers files and
+under the same rules; a number a figure cannot draw is reported like a missing cell, and a
+figure with no number at all is a missing-data placeholder, counted in ``RenderReport.figures``.
 """
 
 from __future__ import annotations
@@ -59,9 +64,10 @@ class Joined:
 @dataclass
 class RenderReport:
     profile: str
-    outputs: dict[Path, str] = field(default_factory=dict)
+    outputs: dict[Path, str | bytes] = field(default_factory=dict)   # text, or a figure's bytes
     missing: dict[str, list[str]] = field(default_factory=dict)    # output name -> "id.key" ("id.key[i]") shown ??
     claimed: set[str] = field(default_factory=set)                 # of those, the numbers the profile claims
+    figures: Any = None                                            # a figures.FiguresReport, when specs exist
 
     def shown_missing(self) -> set[str]:
         return {m for ms in self.missing.values() for m in ms}
@@ -155,14 +161,47 @@ def render_paper(registry: Registry, *, results_dir: str | Path, out_dir: str | 
         report.missing["macros.tex"] = macros_missing
         report.claimed.update(m for m in macros_missing if is_claimed(claims, *m.split(".", 1)))
 
+    figures_dir = templates_dir / "figures"
+    if figures_dir.is_dir():
+        _add_figures(report, registry, numbers, figures_dir, out_dir, profile, claims)
+
     if strict and report.claimed:
         raise UserError(f"strict: profile {profile} claims numbers that no numbers file holds: "
                         f"{_by_result(sorted(report.claimed), numbers)} (run their stages, or render without "
                         "--strict)")
-    for path, text in report.outputs.items():
-        with atomic_open(path, "w", encoding="utf-8") as fh:
-            fh.write(text)
+    for path, content in report.outputs.items():
+        if isinstance(content, bytes):
+            with atomic_open(path, "wb") as fh:
+                fh.write(content)
+        else:
+            with atomic_open(path, "w", encoding="utf-8") as fh:
+                fh.write(content)
     return report
+
+
+def _add_figures(report: RenderReport, registry: Registry, numbers: dict[str, NumbersFile], figures_dir: Path,
+                 out_dir: Path, profile: str, claims: dict[str, dict[str, Any]]) -> None:
+    """Every figure spec's PDF and PNG, and figures/index.md, into the report's outputs."""
+    try:
+        import matplotlib  # noqa: F401
+    except ImportError:
+        raise UserError("figures need matplotlib, a dependency of this package: reinstall it "
+                        "(`pip install -e .`, or ./setup.sh)") from None
+    from mistill.repro.figures import figures_index, render_figures
+
+    figures = render_figures(registry, numbers, figures_dir, profile)
+    for fig in figures.figures:
+        for fmt, content in fig.files.items():
+            report.outputs[out_dir / "figures" / f"{fig.name}.{fmt}"] = content
+        if fig.missing:
+            report.missing[f"figures/{fig.name}"] = fig.missing
+            for label in fig.missing:
+                rid, rest = label.split(".", 1)
+                key, _, index = rest.partition("[")
+                if is_claimed(claims, rid, key, int(index[:-1]) if index else None):
+                    report.claimed.add(label)
+    report.outputs[out_dir / "figures" / "index.md"] = figures_index(figures, profile)
+    report.figures = figures
 
 
 def render_macros(registry: Registry, numbers: dict[str, NumbersFile],
@@ -189,7 +228,7 @@ def render_macros(registry: Registry, numbers: dict[str, NumbersFile],
 
 def _registered_length(registry: Registry, result_id: str, key: str) -> int:
     """Elements of a list value as registered (0 for a scalar)."""
-    for profile in registry.profiles:
+    for profile in registry.value_profiles:
         exp = registry.expected(profile).values.get(result_id, {}).get(key)
         if exp is not None:
             return len(exp.value) if isinstance(exp.value, list) else 0
@@ -281,7 +320,7 @@ def _declared_reads(path: Path, registry: Registry) -> list[str]:
 def _printed_digits(registry: Registry) -> dict[tuple[str, str], int]:
     """Decimals the paper prints for each value (so rebuilt tables read like the paper's)."""
     digits: dict[tuple[str, str], int] = {}
-    for profile in registry.profiles:
+    for profile in registry.value_profiles:
         expected = registry.expected(profile)
         if not expected.meta.get("printed_rounding", False):
             continue                      # goldens carry full precision; their keys print DEFAULT_DIGITS
