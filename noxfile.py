@@ -1,4 +1,4 @@
-"""Sessions: `nox -s tests | slow | check_tolerances | paper | repro | bench | lint`.
+"""Sessions: `nox -s tests | slow | rehearsal | check_tolerances | paper | repro | bench | lint`.
 
 Every session runs in the active environment (no virtualenv of its own, no
 network): set it up once with `pip install -e '.[dev]'`.  Arguments after `--`
@@ -31,6 +31,15 @@ def tests(session: nox.Session) -> None:
 def slow(session: nox.Session) -> None:
     """Only the slow tests (simulations, demo training)."""
     session.run("pytest", "-m", "slow", *session.posargs)
+
+
+@nox.session
+def rehearsal(session: nox.Session) -> None:
+    """The paper profile rehearsed on stand-ins (tests/rehearsal): `mistill rehearsal build` in a temporary
+    directory, then `dvc repro R-D6 R-D1 R-D2 R-D5` under it (every arm at seeds 0-2, the MIMIC-IV loader,
+    vLLM, YaRN, pinned revisions), `mistill repro check` and the privacy guard.  To keep the working copy:
+    `mistill rehearsal build <dir>` and the command it prints."""
+    session.run("pytest", "-m", "slow", "--durations=5", "tests/rehearsal", *session.posargs)
 
 
 @nox.session

@@ -21,6 +21,7 @@ GROUPS = {
     "distill": "span buckets, teacher targets, head pools, training arms",
     "evaluate": "task, fidelity and mechanism metrics",
     "repro": "registry, numbers files, tolerance checks, paper rendering",
+    "rehearsal": "the paper profile's chain on stand-ins, before any GPU hour is spent",
 }
 
 

@@ -219,6 +219,17 @@ def test_cross_tokenizer_student_trains_on_realised_subset(setup, tmp_path):
     assert len(rows) == 1 and np.isfinite(rows[0]["loss"])
 
 
+def test_offloaded_checkpoints_train_on_a_cpu(setup, tmp_path):
+    """The paper's recipe (gradient checkpointing, offloaded layer inputs, MLP chunks) on a model that sits
+    on the CPU: pinned host memory needs an accelerator, so nothing is offloaded (the rehearsal found it)."""
+    tok = setup["tok"]
+    arm = arms.ArmConfig(arm="vanilla")
+    cfg = TrainConfig(epochs=1, batch=2, precision="bf16", gradient_checkpointing=True, offload_checkpoints=True,
+                      mlp_chunk=16)
+    rows = Trainer(_model(tok, seed=3, layers=2), _batches(setup, tok, arm), arm, cfg, tmp_path / "run").run()
+    assert len(rows) == 1 and np.isfinite(rows[0]["loss"])
+
+
 def test_epoch_order_depends_only_on_seed_and_epoch():
     assert epoch_order(10, 0, 1) == epoch_order(10, 0, 1)
     assert epoch_order(10, 0, 1) != epoch_order(10, 0, 0)

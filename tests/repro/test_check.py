@@ -113,6 +113,17 @@ def test_unknown_key_in_a_numbers_file_is_an_error(registry, tmp_path, capsys):
     assert code == 1 and "ERROR" in line_of(out, "R-C3", "knockin_top41_p1")
 
 
+def test_a_registered_key_beyond_the_papers_values_is_listed_not_failed(registry, tmp_path, capsys):
+    """A paper-profile run writes registered keys the paper prints no value for (R-D1's Qwen3-4B M1, an
+    invariant of the demo): reported as NO EXPECTED, never a failure (the rehearsal found it an ERROR)."""
+    values = paper_values(registry, "R-D1")
+    values["qwen3_4b_untrained_m1_p1_p2_p2c"] = {"value": [0.9, 0.8, 0.7], "statistic": "s", "artifact": "a"}
+    write_fixture(tmp_path, "R-D1", values)
+    code, out, _ = check(capsys, tmp_path, "R-D1")
+    assert code == 0 and "NO EXPECTED" in line_of(out, "R-D1", "qwen3_4b_untrained_m1_p1_p2_p2c")
+    assert "beyond the values paper is checked against" in out
+
+
 def test_stray_numbers_file_for_unknown_id_fails_a_full_run(tmp_path, capsys):
     write_fixture(tmp_path, "R-C99", {"k": {"value": 1, "statistic": "s", "artifact": "a"}}, profile="demo")
     code = main(["repro", "check", "--profile", "demo", "--results", str(tmp_path)])

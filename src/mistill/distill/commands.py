@@ -39,7 +39,7 @@ def cmd_targets(args) -> int:
     from mistill.distill.targets import compute_targets
     from mistill.io import provenance
     from mistill.models.fingerprint import model_fingerprint
-    from mistill.models.loading import ModelSpec, load_model
+    from mistill.models.loading import ModelSpec, load_model, resolve_device
 
     params = _params()
     cfg = params["distill"]
@@ -47,7 +47,7 @@ def cmd_targets(args) -> int:
     teacher_spec = args.teacher or params["models"]["teacher"]
     # the teacher as it ran the traces (dtype, YaRN, revision); sdpa: the same function as eager, no T x T weights
     teacher = ModelSpec.from_params(params["models"], teacher_spec, base="teacher", attn_implementation="sdpa")
-    model, tokenizer = load_model(teacher)
+    model, tokenizer = load_model(teacher, device=resolve_device(params["models"].get("device")))
     head_sets = pl.load_head_sets(args.head_sets or cfg["teacher_head_sets"])
     k = int(cfg["pool_k"]["teacher"])
     pools = pl.build_pools(head_sets, k, source="teacher head sets")
@@ -77,7 +77,7 @@ def cmd_train(args) -> int:
     from mistill.distill.trainer import TrainConfig, Trainer, precision_dtype
     from mistill.io import file_sha256, provenance
     from mistill.models.fingerprint import model_fingerprint
-    from mistill.models.loading import ModelSpec, load_model, load_tokenizer
+    from mistill.models.loading import ModelSpec, load_model, load_tokenizer, resolve_device
 
     params = _params()
     cfg = params["distill"]
@@ -95,7 +95,8 @@ def cmd_train(args) -> int:
     # the precision arm's dtype at load (App. J.2), the student's YaRN factor, sdpa for the training forward
     student, student_tok = load_model(ModelSpec.from_params(params["models"], student_key,
                                                             dtype=precision_dtype(precision),
-                                                            attn_implementation="sdpa"))
+                                                            attn_implementation="sdpa"),
+                                     device=resolve_device(params["models"].get("device")))
     terms = tuple(t.strip() for t in (args.terms or ",".join(cfg["terms"])).split(",") if t.strip())
     arm = arms.ArmConfig(arm=args.arm, lambda_p1=float(args.lambda_p1 if args.lambda_p1 is not None else cfg["lambda_p1"]),
                          lambda_p2=float(args.lambda_p2 if args.lambda_p2 is not None else cfg["lambda_p2"]),

@@ -142,8 +142,9 @@ def prepare_model(model, cfg: TrainConfig):
         model.config._attn_implementation = "sdpa"
     if cfg.gradient_checkpointing:
         # transformers >= 5.20 names it activation checkpointing; both take `offload` (layers x T x D
-        # bytes of layer inputs held in host memory: what dominates at 36k tokens)
-        offload = {"offload": True} if cfg.offload_checkpoints else {}
+        # bytes of layer inputs held in host memory: what dominates at 36k tokens); pinned host memory needs
+        # an accelerator, and a model on the CPU keeps its layer inputs in host memory anyway
+        offload = {"offload": True} if cfg.offload_checkpoints and next(model.parameters()).is_cuda else {}
         if hasattr(model, "activation_checkpointing_enable"):
             model.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False}, **offload)
         else:

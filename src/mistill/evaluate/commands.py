@@ -64,10 +64,11 @@ def cmd_fidelity(args) -> int:
     if args.model:
         import torch
 
-        from mistill.models.loading import ModelSpec, load_model
+        from mistill.models.loading import ModelSpec, load_model, resolve_device
 
         torch.set_num_threads(int(args.threads))
-        model, tok = load_model(ModelSpec.from_params(params["models"], args.model))  # the profile's dtype, YaRN
+        model, tok = load_model(ModelSpec.from_params(params["models"], args.model),  # the profile's dtype, YaRN
+                            device=resolve_device(params["models"].get("device")))
         if args.note_ids:
             ids = args.note_ids.split(",")
         else:  # the test notes' teacher traces (the trace file also holds the training notes)
@@ -99,12 +100,13 @@ def cmd_m1(args) -> int:
 
     from mistill.evaluate.m1 import m1
     from mistill.io import provenance, write_json
-    from mistill.models.loading import ModelSpec, load_model, load_tokenizer
+    from mistill.models.loading import ModelSpec, load_model, load_tokenizer, resolve_device
 
     params = _params()
     cfg = params["evaluate"]
     torch.set_num_threads(int(args.threads))
-    model, tok = load_model(ModelSpec.from_params(params["models"], args.model))  # the profile's dtype, YaRN
+    model, tok = load_model(ModelSpec.from_params(params["models"], args.model),  # the profile's dtype, YaRN
+                            device=resolve_device(params["models"].get("device")))
     teacher_tok = None
     if args.teacher_tokenizer or params["models"].get("teacher"):
         teacher_tok = load_tokenizer(ModelSpec.from_params(params["models"],

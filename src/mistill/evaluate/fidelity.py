@@ -78,7 +78,7 @@ def teacher_forced_nll(model, tokenizer, prompt: str, completion: str) -> list[f
     first = next((i for i, (s, _) in enumerate(enc.offsets) if s >= len(prefix)), None)
     if first is None or first == 0:
         raise ValueError("completion has no tokens of its own")
-    ids = torch.tensor([enc.ids])
+    ids = torch.tensor([enc.ids], device=next(model.parameters()).device)
     with torch.no_grad():
         logits = model(input_ids=ids).logits[0].float()
     logp = torch.log_softmax(logits[first - 1:-1], dim=-1)

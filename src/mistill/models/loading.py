@@ -221,6 +221,15 @@ def check_local_files(directory: Path) -> None:
             raise UserError(f"{shard}: unreadable weights ({reason}); {WEIGHTS_HINT}") from None
 
 
+def resolve_device(name: str | None) -> str:
+    """The profile's `models.device`: `auto` (or unset) is cuda when a GPU is visible, else cpu."""
+    if name in (None, "auto"):
+        import torch
+
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    return str(name)
+
+
 def load_model(spec: ModelSpec | str | Path, *, device: str | None = None):
     """(model, tokenizer) as the spec says, in eval mode.
 

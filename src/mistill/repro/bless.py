@@ -70,6 +70,9 @@ def bless(registry: Registry, ids: list[str], *, profile: str, results_dir: str 
         registry.get(rid)
     if accept_breach is not None and not accept_breach.strip():
         raise UserError("--accept-breach needs a reason: say why the numbers moved")
+    if registry.expected_source(profile) != profile:
+        raise UserError(f"profile {profile!r} is checked against {registry.expected_source(profile)!r}'s expected "
+                        "values (registry.yaml expected_from): it has no goldens of its own to bless")
     path = expected_path(registry.root, profile)
     data: dict[str, Any] = {}
     if path.exists():
@@ -93,7 +96,7 @@ def bless(registry: Registry, ids: list[str], *, profile: str, results_dir: str 
 
     expected = data.get("expected") or {}
     provenance = data.get("provenance") or {}
-    paper_like = {p: registry.expected(p).values for p in registry.profiles if p != profile}
+    paper_like = {p: registry.expected(p).values for p in registry.value_profiles if p != profile}
     blessing = Blessing()
     blessed: dict[str, dict[str, Any]] = {}
     for rid, record in numbers.items():

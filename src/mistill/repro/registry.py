@@ -99,18 +99,29 @@ class Registry:
         except KeyError:
             raise UserError(f"unknown result id {result_id!r} (registered: R-C1..R-C15, R-D0..R-D46)") from None
 
-    def expected(self, profile: str) -> ExpectedSet:
+    def expected_source(self, profile: str) -> str:
+        """The profile whose expected values `profile` is checked against: its own, or the one its
+        `expected_from` names (the rehearsal is checked against the paper's, which it does not meet)."""
         if profile not in self.profiles:
             raise UserError(f"unknown profile {profile!r}; registry.yaml knows {', '.join(self.profiles)}")
-        if profile not in self._expected:
-            self._expected[profile] = load_expected(self, profile)
-        return self._expected[profile]
+        return str(self.profiles[profile].get("expected_from") or profile)
+
+    @property
+    def value_profiles(self) -> list[str]:
+        """The profiles that record expected values of their own (not borrowed through `expected_from`)."""
+        return [p for p in self.profiles if self.expected_source(p) == p]
+
+    def expected(self, profile: str) -> ExpectedSet:
+        source = self.expected_source(profile)
+        if source not in self._expected:
+            self._expected[source] = load_expected(self, source)
+        return self._expected[source]
 
     def registered_keys(self, result_id: str) -> list[str]:
         """Every value key of a result over all profiles, then its extra keys, in first-seen order."""
         result = self.get(result_id)
         keys: dict[str, None] = {}
-        for profile in self.profiles:
+        for profile in self.value_profiles:
             keys.update(dict.fromkeys(self.expected(profile).values.get(result_id, {})))
         keys.update(dict.fromkeys(result.extra_keys))
         return list(keys)
@@ -192,7 +203,13 @@ def load_registry(root: str | Path = ".") -> Registry:
         if not isinstance(defaults.get(cls), dict) or any(k not in defaults[cls] for k in KINDS):
             raise UserError(f"{path}: tolerance_defaults.{cls} must give a tolerance for every kind "
                             f"({', '.join(KINDS)})")
-    return Registry(root=root, results=results, statuses=dict(statuses), profiles=dict(data["profiles"]),
+    profiles = data["profiles"]
+    for name, spec in profiles.items():
+        source = (spec or {}).get("expected_from") if isinstance(spec, dict) else None
+        if source is not None and (source not in profiles or (profiles[source] or {}).get("expected_from")):
+            raise UserError(f"{path}: profiles.{name}.expected_from must name a profile with expected values "
+                            f"of its own, got {source!r}")
+    return Registry(root=root, results=results, statuses=dict(statuses), profiles=dict(profiles),
                     classes=dict(data["nondeterminism_classes"]), defaults=defaults)
 
 

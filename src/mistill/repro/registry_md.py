@@ -37,6 +37,8 @@ def render_registry_md(registry: Registry) -> str:
                  "breach or malformed numbers file, and on a missing number of any result named on its command "
                  "line; a full run also fails on missing numbers of results whose status the profile requires:")]
     out += [f"- profile **{name}**: " + (", ".join(f"`{s}`" for s in spec.get("required_statuses", [])) or "none")
+            + (f" (against the **{spec['expected_from']}** profile's expected values)" if spec.get("expected_from")
+               else "")
             for name, spec in registry.profiles.items()]
     out += ["", ("Run one result with `dvc repro <ID>`; check every number with `nox -s check_tolerances` "
                  "(`-- R-D6` for one); rebuild tables and macros with `nox -s paper`."), ""]
@@ -63,7 +65,7 @@ def render_registry_md(registry: Registry) -> str:
     out += ["", "## Tolerance of every expected value", "",
             ("What `mistill repro check` holds each expected value to: the tolerance its kind and class resolve "
              "to (the default above, or the entry's own), after any printed-rounding widening."), ""]
-    for profile in registry.profiles:
+    for profile in registry.value_profiles:
         out += [f"Profile **{profile}**:", "", "| id | key | kind | class | tolerance |", "|---|---|---|---|---|"]
         out += [f"| {rid} | `{key}` | {exp.kind} | {exp.cls} | {exp.tolerance.describe()} |"
                 for rid, keys in registry.expected(profile).values.items() for key, exp in keys.items()]
@@ -107,7 +109,7 @@ def _entry(registry: Registry, result: Result) -> list[str]:
     if result.extra_keys:
         lines.append("- **Extra keys** (beyond the paper's): " + ", ".join(f"`{k}`" for k in result.extra_keys))
     lines.append("")
-    for profile in registry.profiles:
+    for profile in registry.value_profiles:
         expected_set = registry.expected(profile)
         values = expected_set.values.get(rid, {})
         if not values:

@@ -13,11 +13,12 @@ stops where vLLM would: at a stop token id, at the config's end token unless `ig
 Scripted mode (`MISTILL_FAKE_VLLM_SCRIPT=<json>`, set by the paper profile's rehearsal,
 `mistill rehearsal build`): a request is answered with plausible reasoning instead of random ids.
 The fake decodes the prompt with the model's own tokenizer, reads the candidate lines and the note
-from App. B's prompt, looks the note up in the script (`{"keep": share, "notes": [{"text", "gold"}]}`,
-the admission whose text shares the longest prefix with the prompt's note) and writes the demo's
-scripted trace (`mistill.models.scripted_traces`) for a subset of its gold codes: each kept with
-probability `keep` under a generator seeded by the request's seed, the model and the note, so arms,
-seeds and notes differ.  The trace is encoded by the model's tokenizer and closed with its end-of-turn
+from App. B's prompt, looks the note up in the script (`{"keep": share, "keep_by_model": {path fragment: share},
+"notes": [{"text", "gold"}]}`, the admission whose text shares the longest prefix with the prompt's
+note) and writes the demo's scripted trace (`mistill.models.scripted_traces`) for a subset of its gold
+codes: each kept with probability `keep` (or the share of the first `keep_by_model` fragment in the
+model's path; the first one when none is kept) under a generator seeded by the request's seed, the
+model and the note, so the teacher and the arms, seeds and notes differ.  The trace is encoded by the model's tokenizer and closed with its end-of-turn
 id; the stop rules above apply to it unchanged.  A trace token outside the model's table is an error.
 """
 
@@ -128,9 +129,10 @@ class Script:
         from mistill.models.loading import load_tokenizer
 
         data = json.loads(Path(path).read_text(encoding="utf-8"))
-        self.keep = float(data.get("keep", 1.0))
-        self.notes = [(row["text"].strip(), tuple(row["gold"])) for row in data["notes"]]
         self.model = str(model)
+        by_model = data.get("keep_by_model") or {}   # path fragment -> share, e.g. the teacher's cache entry
+        self.keep = float(next((v for k, v in by_model.items() if k in self.model), data.get("keep", 1.0)))
+        self.notes = [(row["text"].strip(), tuple(row["gold"])) for row in data["notes"]]
         self.tokenizer = load_tokenizer(model)
 
     def gold(self, note: str) -> tuple[str, ...]:
@@ -149,7 +151,8 @@ class Script:
         lines = [line.split(" ", 1) for line in prompt[start:note_at].strip("\n").split("\n")]
         note = prompt[note_at + len(NOTE_HEADER) + 4:end]
         rng = random.Random(f"{seed}:{self.model}:{note[:200]}")
-        gold = tuple(code for code in self.gold(note) if rng.random() < self.keep)
+        gold = self.gold(note)
+        gold = tuple(code for code in gold if rng.random() < self.keep) or gold[:1]   # a coder names one at least
         trace = script_trace(Note("scripted", "scripted", note, gold), [Code(c, d) for c, d in lines], seed=seed or 0)
         ids = self.tokenizer.encode(trace.completion).ids
         if getattr(self.tokenizer, "unk_token_id", None) in ids:
