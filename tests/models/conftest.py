@@ -3,8 +3,6 @@ Hugging Face cache, and a fake `vllm` module (tests/fakes/vllm) that records wha
 
 from __future__ import annotations
 
-import hashlib
-import os
 import sys
 from pathlib import Path
 
@@ -12,6 +10,7 @@ import pytest
 
 from mistill.models.architectures import TinyArchitecture, build_model
 from mistill.models.tokenizers import CompactTokenizer, build_remap, qwen3_tokenizer, smollm3_tokenizer
+from mistill.rehearsal.build import cache_checkpoint
 from mistill.world.prompt import build_prompt
 from tests.distill.conftest import COMPLETION, LINES, NOTE_TEXT
 
@@ -39,23 +38,6 @@ def save_tiny(directory: Path, arch: dict, seed: int = 0) -> Path:
     model.save_pretrained(directory)
     tokenizer.save(directory)
     return directory
-
-
-def cache_checkpoint(cache: Path, repo_id: str, revision: str, directory: Path) -> Path:
-    """Put a checkpoint into a Hugging Face cache as the hub client does: content-addressed blobs
-    (`blobs/<sha256>`), a snapshot of symlinks per commit, and `refs/main` naming the commit."""
-    repo = cache / f"models--{repo_id.replace('/', '--')}"
-    snapshot = repo / "snapshots" / revision
-    snapshot.mkdir(parents=True)
-    (repo / "blobs").mkdir(exist_ok=True)
-    for path in sorted(directory.iterdir()):
-        data = path.read_bytes()
-        blob = repo / "blobs" / hashlib.sha256(data).hexdigest()
-        blob.write_bytes(data)
-        (snapshot / path.name).symlink_to(os.path.relpath(blob, snapshot))
-    (repo / "refs").mkdir(exist_ok=True)
-    (repo / "refs" / "main").write_text(revision)
-    return snapshot
 
 
 @pytest.fixture(scope="session")
