@@ -16,7 +16,7 @@ import time
 
 import pytest
 
-from mistill.repro.check import ERROR, FAIL, NOT_REPRODUCED, PASS, run_check
+from mistill.repro.check import ERROR, FAIL, NO_EXPECTED, NOT_REPRODUCED, PASS, run_check
 from mistill.repro.registry import load_registry
 from tests.repro.repro_helpers import REPO
 
@@ -98,7 +98,9 @@ def test_check_reports_every_paper_key_and_crashes_on_none(rehearsed):
         assert expected <= set(produced["values"]), (rid, sorted(expected - set(produced["values"])))
         missing = {line.key for line in report.lines if line.result_id == rid and line.verdict == NOT_REPRODUCED}
         assert missing <= set(registry.results[rid].unproduced_keys), (rid, missing)
-    assert {line.verdict for line in report.lines} <= {PASS, FAIL, NOT_REPRODUCED}
+    beyond = [line for line in report.lines if line.verdict == NO_EXPECTED]   # registered keys the paper lacks
+    assert all(not line.fails and line.key in registry.registered_keys(line.result_id) for line in beyond)
+    assert {line.verdict for line in report.lines} <= {PASS, FAIL, NOT_REPRODUCED, NO_EXPECTED}
     cli = run(rehearsal, "mistill", "repro", "check", *IDS)
     assert cli.returncode == 1 and "FAIL" in cli.stdout and "Traceback" not in cli.stderr, cli.stderr[-3000:]
 
