@@ -13,6 +13,7 @@ import importlib
 import sys
 
 from mistill.errors import UserError
+from mistill.repro.stage_times import recorded
 
 GROUPS = {
     "world": "corpora, inventory, prompts, shortlists",
@@ -46,7 +47,8 @@ def main(argv: list[str] | None = None) -> int:
     group = argv[0] if argv and argv[0] in GROUPS else None
     args = build_parser(group).parse_args(argv)
     try:
-        result = args.func(args)
+        with recorded(argv):   # a stage's wall time, when DVC runs this command as one
+            result = args.func(args)
     except UserError as err:
         print(f"mistill: error: {one_line(err)}", file=sys.stderr)
         return 2

@@ -39,10 +39,11 @@ def cmd_targets(args) -> int:
     from mistill.distill.targets import compute_targets
     from mistill.io import provenance
     from mistill.models.fingerprint import model_fingerprint
-    from mistill.models.loading import ModelSpec, load_model, resolve_device
+    from mistill.models.loading import ModelSpec, load_model, resolve_device, set_threads
 
     params = _params()
     cfg = params["distill"]
+    set_threads(params["models"])
     torch.manual_seed(0)
     teacher_spec = args.teacher or params["models"]["teacher"]
     # the teacher as it ran the traces (dtype, YaRN, revision); sdpa: the same function as eager, no T x T weights
@@ -77,10 +78,11 @@ def cmd_train(args) -> int:
     from mistill.distill.trainer import TrainConfig, Trainer, precision_dtype
     from mistill.io import file_sha256, provenance
     from mistill.models.fingerprint import model_fingerprint
-    from mistill.models.loading import ModelSpec, load_model, load_tokenizer, resolve_device
+    from mistill.models.loading import ModelSpec, load_model, load_tokenizer, resolve_device, set_threads
 
     params = _params()
     cfg = params["distill"]
+    set_threads(params["models"])
     student_key = args.student
     student_spec = params["models"].get(student_key, student_key)
     precision = args.precision or cfg["precision"][args.arm]

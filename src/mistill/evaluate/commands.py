@@ -62,11 +62,10 @@ def cmd_fidelity(args) -> int:
         out["bleu4"] = float(np.mean(list(bleu.values()))) if bleu else float("nan")
         per_note["bleu4"] = bleu
     if args.model:
-        import torch
 
-        from mistill.models.loading import ModelSpec, load_model, resolve_device
+        from mistill.models.loading import ModelSpec, load_model, resolve_device, set_threads
 
-        torch.set_num_threads(int(args.threads))
+        set_threads(params["models"], args.threads)
         model, tok = load_model(ModelSpec.from_params(params["models"], args.model),  # the profile's dtype, YaRN
                             device=resolve_device(params["models"].get("device")))
         if args.note_ids:
@@ -96,15 +95,14 @@ def cmd_fidelity(args) -> int:
 
 
 def cmd_m1(args) -> int:
-    import torch
 
     from mistill.evaluate.m1 import m1
     from mistill.io import provenance, write_json
-    from mistill.models.loading import ModelSpec, load_model, load_tokenizer, resolve_device
+    from mistill.models.loading import ModelSpec, load_model, load_tokenizer, resolve_device, set_threads
 
     params = _params()
     cfg = params["evaluate"]
-    torch.set_num_threads(int(args.threads))
+    set_threads(params["models"], args.threads)
     model, tok = load_model(ModelSpec.from_params(params["models"], args.model),  # the profile's dtype, YaRN
                             device=resolve_device(params["models"].get("device")))
     teacher_tok = None
@@ -140,7 +138,7 @@ def register(subparsers) -> None:
     p.add_argument("--teacher-traces", help="default: params evaluate.teacher_traces")
     p.add_argument("--notes", help="notes jsonl whose teacher traces the PPL reads (default: params evaluate.test_notes)")
     p.add_argument("--note-ids", help="comma list of note ids instead of --notes")
-    p.add_argument("--threads", default=2)
+    p.add_argument("--threads", type=int, help="intra-op threads (default: params models.threads)")
     p.add_argument("--out", required=True)
     p.set_defaults(func=cmd_fidelity)
 
@@ -150,7 +148,7 @@ def register(subparsers) -> None:
     p.add_argument("--teacher-tokenizer", help="decodes the events' competitor ids (default: params models.teacher)")
     p.add_argument("--events-dir", help="default: params evaluate.events_dir")
     p.add_argument("--notes", help="restrict to these notes (e.g. the test notes)")
-    p.add_argument("--threads", default=2)
+    p.add_argument("--threads", type=int, help="intra-op threads (default: params models.threads)")
     p.add_argument("--out", required=True)
     p.set_defaults(func=cmd_m1)
 

@@ -101,13 +101,12 @@ def sample_batch(model, tokenizer, prompts: list[str], seeds: list[int], decodin
 
 
 def cmd_generate(args) -> int:
-    import torch
     from tqdm import tqdm
 
     from mistill.io import provenance, write_json
     from mistill.models.fingerprint import model_fingerprint
     from mistill.models.generation import Decoding
-    from mistill.models.loading import ModelSpec, load_model
+    from mistill.models.loading import ModelSpec, load_model, set_threads
     from mistill.models.trace_rows import ResumableRows, input_key
     from mistill.models.world_files import SHORTLIST, load_world
     from mistill.params import load_params
@@ -116,7 +115,7 @@ def cmd_generate(args) -> int:
 
     params = load_params()
     models = params["models"]
-    torch.set_num_threads(int(args.threads))
+    set_threads(models, args.threads)
     spec = str(params["models"].get(args.model, args.model))
     if not Path(spec).exists() and "/" not in spec:
         raise UserError(f"--model {args.model!r}: neither a params models key nor a model directory or id")
@@ -218,7 +217,7 @@ def register(subparsers) -> None:
     p.add_argument("--notes", help="notes to generate on (default: params evaluate.test_notes)")
     p.add_argument("--limit", type=int, help="only the first N notes (smoke runs)")
     p.add_argument("--batch", type=int, default=32, help="notes decoded together (rows keep their own seeds)")
-    p.add_argument("--threads", default=2)
+    p.add_argument("--threads", type=int, help="intra-op threads (default: params models.threads)")
     p.set_defaults(func=cmd_generate)
 
     p = subparsers.add_parser("notes-with-events", help="the notes whose teacher trace has events (targets, M1)")

@@ -20,12 +20,11 @@ def _params():
 
 
 def cmd_own_heads(args) -> int:
-    import torch
-
     from mistill.evaluate.own_heads import STAGES, run_chain
+    from mistill.models.loading import set_threads
 
-    torch.set_num_threads(int(args.threads))
     params = _params()
+    set_threads(params["models"], args.threads)
     stages = [s.strip() for s in args.stages.split(",") if s.strip()] if args.stages else list(STAGES)
     timing = run_chain(args.model, args.arm, int(args.seed), params, stages=stages, student_key=args.student,
                        limit=args.limit, force=args.force)
@@ -67,7 +66,7 @@ def register(subparsers) -> None:
     p.add_argument("--stages", help="comma list of attribute,knockin,readside (default: all, in order)")
     p.add_argument("--limit", type=int, help="only the first N notes of each trace set (smoke runs)")
     p.add_argument("--force", action="store_true", help="recompute per-note artifacts that are already valid")
-    p.add_argument("--threads", default=2)
+    p.add_argument("--threads", type=int, help="intra-op threads (default: params models.threads)")
     p.set_defaults(func=cmd_own_heads)
 
     p = subparsers.add_parser("compare", help="two arms' own-heads readouts, seed-matched and note-clustered")

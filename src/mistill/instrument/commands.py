@@ -32,8 +32,10 @@ def _common(parser: argparse.ArgumentParser, *, resumable: bool = True) -> None:
 
 def _config(args):
     from mistill.instrument.passes import InstrumentConfig
+    from mistill.models.loading import set_threads
 
     params = load_params(profile=args.profile)
+    set_threads(params.get("models") or {})   # a bare instrument config (tests) names no models section
     cfg = InstrumentConfig.from_params(params)
     overrides = {k: v for k, v in (("traces", args.traces), ("out_dir", args.out_dir)) if v is not None}
     if not overrides:

@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from mistill.errors import UserError
+from mistill.models.loading import set_threads
 
 
 def _models(params: dict[str, Any]) -> dict[str, Any]:
@@ -55,14 +56,6 @@ def _write_pins(section: dict[str, Any], keys: list[str]) -> None:
         pin.parent.mkdir(parents=True, exist_ok=True)
         write_json(pin, {"model": key, "id": str(section[key]), "revision": (section.get("revision") or {}).get(key)})
         print(f"{key}: {section[key]} is loaded by id under this profile; pinned in {pin}")
-
-
-def _set_threads(section: dict[str, Any]) -> None:
-    import torch
-
-    threads = section.get("threads")
-    if threads:
-        torch.set_num_threads(int(threads))
 
 
 def _device(name: str | None) -> str:
@@ -180,7 +173,7 @@ def cmd_train_teacher(args) -> int:
             return 0
         raise UserError("params: models.teacher_training is not set for this profile, and models.teacher is a "
                         "local directory: set teacher_training or point models.teacher at a model id")
-    _set_threads(section)
+    set_threads(section)
     arch = TinyArchitecture.from_params(section["architectures"]["teacher"])
     world = load_world(params)
     tokenizer = demo_tokenizer(params, arch.family)
@@ -304,7 +297,7 @@ def cmd_pretrain_students(args) -> int:
     unknown = [k for k in keys if k not in (cfg.get("epochs") or {})]
     if unknown:
         raise UserError(f"student_pretraining.epochs has no entry for {', '.join(unknown)}")
-    _set_threads(section)
+    set_threads(section)
     world = load_world(params)
     notes = pretraining_notes(params, world)
     device = _device(args.device or section.get("device"))
@@ -345,7 +338,7 @@ def cmd_traces(args) -> int:
     start = time.perf_counter()
     params = load_params()
     section = _models(params)
-    _set_threads(section)
+    set_threads(section)
     backend = section.get("generation_backend", "transformers")
     device = _device(args.device or section.get("device")) if backend == "transformers" else "vllm"
     run = run_trace_set(params, args.set, spec=args.model or section["teacher"], device=device, limit=args.limit)

@@ -221,6 +221,19 @@ def check_local_files(directory: Path) -> None:
             raise UserError(f"{shard}: unreadable weights ({reason}); {WEIGHTS_HINT}") from None
 
 
+def set_threads(models_section: dict, override: int | str | None = None) -> None:
+    """Intra-op threads from the profile's `models.threads` (a flag overrides; null keeps torch's default).
+
+    A fixed count makes a stage's float reductions split the same way on a 2-core laptop and a
+    16-core host, so the demo's numbers do not depend on the machine's core count.
+    """
+    threads = override if override is not None else models_section.get("threads")
+    if threads:
+        import torch
+
+        torch.set_num_threads(int(threads))
+
+
 def resolve_device(name: str | None) -> str:
     """The profile's `models.device`: `auto` (or unset) is cuda when a GPU is visible, else cpu."""
     if name in (None, "auto"):

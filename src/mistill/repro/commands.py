@@ -54,6 +54,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     register_privacy(subparsers)
     from mistill.repro.remotes import register as register_publish  # `mistill repro publish`
     register_publish(subparsers)
+    from mistill.repro.stage_times import register as register_stage_times  # `mistill repro stage-times`
+    register_stage_times(subparsers)
 
 
 def _common(parser: argparse.ArgumentParser) -> None:

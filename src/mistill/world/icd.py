@@ -10,8 +10,14 @@ These differ from the paper's "chapter" (a code's first letter, `Code.chapter`).
 from __future__ import annotations
 
 import functools
+import importlib
 
-import simple_icd_10_cm as icd
+
+@functools.cache
+def _tabular():
+    """The package, imported on first use: it parses its XML tabular list at import (about 2 s),
+    which every command that only reads a built inventory would otherwise pay."""
+    return importlib.import_module("simple_icd_10_cm")
 
 
 def normalise_code(code: str) -> str:
@@ -21,16 +27,16 @@ def normalise_code(code: str) -> str:
 
 
 def is_known(code: str) -> bool:
-    return icd.is_valid_item(code)
+    return _tabular().is_valid_item(code)
 
 
 def is_billable(code: str) -> bool:
     """A billable ICD-10-CM code is a leaf of the tabular list."""
-    return icd.is_valid_item(code) and icd.is_leaf(code)
+    return _tabular().is_valid_item(code) and _tabular().is_leaf(code)
 
 
 def description(code: str) -> str:
-    return icd.get_description(code)
+    return _tabular().get_description(code)
 
 
 @functools.cache
@@ -41,10 +47,10 @@ def block(code: str) -> str:
     its three-character category, so it still counts as one coverage unit.
     """
     category = normalise_code(code)[:3]
-    if not icd.is_valid_item(category):
+    if not _tabular().is_valid_item(category):
         return category
-    for ancestor in icd.get_ancestors(category):
-        if icd.is_block(ancestor):
+    for ancestor in _tabular().get_ancestors(category):
+        if _tabular().is_block(ancestor):
             return ancestor
     return category
 
@@ -53,18 +59,18 @@ def block(code: str) -> str:
 def chapter(code: str) -> str:
     """The numbered ICD-10-CM chapter ("14"), or "?" for a code the package does not know."""
     category = normalise_code(code)[:3]
-    if not icd.is_valid_item(category):
+    if not _tabular().is_valid_item(category):
         return "?"
-    return icd.get_ancestors(category)[-1]
+    return _tabular().get_ancestors(category)[-1]
 
 
 def categories() -> list[str]:
     """Every three-character category of the tabular list, in ICD order."""
-    return [c for c in icd.get_all_codes(with_dots=True) if icd.is_category(c)]
+    return [c for c in _tabular().get_all_codes(with_dots=True) if _tabular().is_category(c)]
 
 
 def billable_leaves(category: str) -> list[str]:
     """The billable codes under a category, in ICD order (a billable category is its own leaf)."""
-    if icd.is_leaf(category):
+    if _tabular().is_leaf(category):
         return [category]
-    return [d for d in icd.get_descendants(category) if icd.is_leaf(d)]
+    return [d for d in _tabular().get_descendants(category) if _tabular().is_leaf(d)]

@@ -1,0 +1,67 @@
+"""Stage wall times: recorded by the entry point under DVC, read back as each stage's latest run."""
+
+import json
+
+import pytest
+
+from mistill.cli import main
+from mistill.repro import stage_times as st
+
+
+def _line(stage, wall, cpu=1.0, started="2026-12-01T00:00:00+00:00"):
+    return {"stage": stage, "command": "x y", "started": started, "wall_s": wall, "cpu_s": cpu, "threads": 2}
+
+
+def test_a_stage_is_its_last_contiguous_block_in_the_order_it_ran():
+    lines = [_line("inventory", 1.0), _line("EV@a", 2.0), _line("EV@a", 3.0), _line("R-D1", 0.5),
+             _line("inventory", 4.0),                      # re-run: replaces the first run, moves to the end
+             _line("EV@a", 10.0)]                          # re-run of a two-command stage with one command
+    times = st.latest_runs(lines)
+    assert [t.stage for t in times] == ["R-D1", "inventory", "EV@a"]
+    assert {t.stage: (t.commands, t.wall_s) for t in times} == {"R-D1": (1, 0.5), "inventory": (1, 4.0),
+                                                                 "EV@a": (1, 10.0)}
+    two = st.latest_runs(lines[:4])
+    assert {t.stage: (t.commands, t.wall_s, t.cpu_s) for t in two}["EV@a"] == (2, 5.0, 2.0)
+
+
+def test_family_table_sums_matrix_items_and_totals():
+    times = st.latest_runs([_line("DT-000@qwen-bf16-0", 30.0), _line("DT-000@smol-bf16-0", 10.0),
+                            _line("R-D6", 20.0, cpu=0.5)])
+    table = st.markdown_table(times, by_family=True).splitlines()
+    assert table[2] == "| DT-000 | 2 | 40.0 | 67% | 2.0 |"
+    assert table[3] == "| R-D6 | 1 | 20.0 | 33% | 0.5 |"
+    assert table[-1] == "| **total** | 3 | **60.0** (1.0 min) | 100% | 2.5 |"
+
+
+def test_entry_point_records_only_under_dvc(tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("DVC_STAGE", raising=False)
+    monkeypatch.delenv("DVC_ROOT", raising=False)
+    with pytest.raises(SystemExit):
+        main(["repro", "--help"])
+    assert not (tmp_path / st.LOG).exists()
+    other = tmp_path / "other.jsonl"
+    other.write_text(json.dumps(_line("inventory", 2.0)) + "\n")
+    assert main(["repro", "stage-times", "--log", str(other)]) == 0   # a real command, outside a stage
+    assert not (tmp_path / st.LOG).exists()
+    monkeypatch.setenv("DVC_STAGE", "R-D6")
+    monkeypatch.setenv("DVC_ROOT", str(tmp_path))
+    assert main(["repro", "stage-times"]) == 2                    # a failing command records nothing
+    assert not (tmp_path / st.LOG).exists()
+    assert main(["repro", "stage-times", "--log", str(other)]) == 0
+    (line,) = [json.loads(x) for x in (tmp_path / st.LOG).read_text().splitlines()]
+    assert line["stage"] == "R-D6" and line["command"] == "repro stage-times" and line["wall_s"] >= 0
+
+
+def test_readme_table_is_rewritten_between_markers_only(tmp_path, monkeypatch, capsys):
+    log = tmp_path / "times.jsonl"
+    log.write_text("\n".join(json.dumps(x) for x in [_line("inventory", 2.0), _line("R-C1", 1.0)]) + "\n")
+    readme = tmp_path / "README.md"
+    readme.write_text(f"intro\n{st.README_BEGIN}\nold table\n{st.README_END}\noutro\n")
+    assert main(["repro", "stage-times", "--log", str(log), "--readme", str(readme)]) == 0
+    text = readme.read_text()
+    assert text.startswith("intro\n") and text.endswith(f"{st.README_END}\noutro\n") and "old table" not in text
+    assert "| inventory | 1 | 2.0 | 67% | 1.0 |" in text
+    readme.write_text("no markers\n")
+    assert main(["repro", "stage-times", "--log", str(log), "--readme", str(readme)]) == 2
+    assert "no stage-times markers" in capsys.readouterr().err
