@@ -1,4 +1,4 @@
-"""Sessions: `nox -s tests | slow | rehearsal | check_tolerances | paper | repro | bench | lint`.
+"""Sessions: `nox -s tests | slow | rehearsal | check_tolerances | paper | repro | bench | bench_chain | lint`.
 
 Every session runs in the active environment (no virtualenv of its own, no
 network): set it up once with `pip install -e '.[dev]'`.  Arguments after `--`
@@ -76,6 +76,12 @@ def bench(session: nox.Session) -> None:
         session.log("no benchmarks/bench_*.py yet")
     for script in scripts:
         session.run("python", script, *session.posargs)
+
+
+@nox.session
+def bench_chain(session: nox.Session) -> None:
+    """Two commits' demo chains side by side: per-stage times and ratios (`-- --old REV [--new REV]`)."""
+    session.run("python", "benchmarks/chain_side_by_side.py", *session.posargs)
 
 
 @nox.session

@@ -1,0 +1,109 @@
+"""The demo chain of two commits, side by side on one machine: per-stage wall times and ratios.
+
+Each commit is cloned into a fresh directory with its own environment (`./setup.sh`), then both
+run `dvc repro` (all stages, or the targets given) at the same time, so they share the machine's
+load and a ratio compares like with like. A stage's time is read from DVC's own output: the time
+between its "Running stage" line and the next one (or the end), which includes DVC's hashing of
+its outputs. Works for any commit, including those whose commands record no times themselves.
+
+    nox -s bench_chain -- --old 6787fe8 --new HEAD
+    python benchmarks/chain_side_by_side.py --old 6787fe8 --new HEAD --targets R-C3 --sequential
+
+Writes `benchmarks/results/demo_chain_<old>_<new>.json` and prints a table by stage family.
+A full demo chain is tens of minutes per commit on two cores, so it has its own session
+(`nox -s bench_chain`) rather than running with the quick benchmarks of `nox -s bench`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+RUNNING = re.compile(r"Running stage '([^']+)'")
+
+
+def clone(rev: str, into: Path) -> str:
+    sha = subprocess.run(["git", "-C", str(REPO), "rev-parse", rev], check=True, capture_output=True,
+                         text=True).stdout.strip()
+    subprocess.run(["git", "clone", "-q", str(REPO), str(into)], check=True)
+    subprocess.run(["git", "-C", str(into), "checkout", "-q", sha], check=True)
+    subprocess.run(["./setup.sh"], cwd=into, check=True, stdout=subprocess.DEVNULL)
+    return sha
+
+
+def timed_repro(workdir: Path, targets: list[str], out: dict) -> None:
+    """Run `dvc repro`, timestamping every stage start as DVC prints it."""
+    start = time.perf_counter()
+    marks: list[tuple[str, float]] = []
+    own = workdir / ".venv" / "bin" / "dvc"   # the clone's environment; else the dvc on PATH
+    proc = subprocess.Popen([str(own) if own.exists() else "dvc", "repro", *targets], cwd=workdir,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, bufsize=1)
+    tail: list[str] = []
+    for line in proc.stdout:
+        if m := RUNNING.search(line):
+            marks.append((m.group(1), time.perf_counter() - start))
+        tail = (tail + [line.rstrip()])[-20:]
+    proc.wait()
+    end = time.perf_counter() - start
+    bounds = [t for _, t in marks[1:]] + [end]
+    out.update({"returncode": proc.returncode, "total_s": round(end, 1),
+                "stages": {name: round(stop - begin, 1) for (name, begin), stop in zip(marks, bounds)},
+                "tail": tail if proc.returncode else []})
+
+
+def family(stage: str) -> str:
+    return stage.split("@", 1)[0]
+
+
+def table(old: dict, new: dict) -> str:
+    families: dict[str, list[float]] = {}
+    for which, run in ((0, old), (1, new)):
+        for stage, seconds in run["stages"].items():
+            families.setdefault(family(stage), [0.0, 0.0])[which] += seconds
+    lines = ["| stage | old (s) | new (s) | old / new |", "|---|---|---|---|"]
+    for name, (a, b) in families.items():
+        lines.append(f"| {name} | {a:.1f} | {b:.1f} | {a / b:.2f} |" if b else f"| {name} | {a:.1f} | {b:.1f} | - |")
+    a, b = old["total_s"], new["total_s"]
+    lines.append(f"| **total** | **{a:.1f}** | **{b:.1f}** | **{a / b:.2f}** |")
+    return "\n".join(lines)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--old", required=True, help="the baseline commit")
+    parser.add_argument("--new", default="HEAD")
+    parser.add_argument("--targets", nargs="*", default=[], help="dvc repro targets (default: every stage)")
+    parser.add_argument("--sequential", action="store_true", help="one commit after the other instead of together")
+    parser.add_argument("--workdir", type=Path, help="where the clones go (default: a temporary directory)")
+    parser.add_argument("--out", type=Path)
+    args = parser.parse_args()
+    workdir = args.workdir or Path(tempfile.mkdtemp(prefix="mistill-chain-"))
+    runs: dict[str, dict] = {"old": {}, "new": {}}
+    shas = {which: clone(rev, workdir / which) for which, rev in (("old", args.old), ("new", args.new))}
+    jobs = [threading.Thread(target=timed_repro, args=(workdir / which, args.targets, runs[which]))
+            for which in ("old", "new")]
+    for job in jobs:
+        job.start()
+        if args.sequential:
+            job.join()
+    for job in jobs:
+        job.join()
+    report = {"benchmark": "chain_side_by_side", "old": shas["old"], "new": shas["new"], "targets": args.targets,
+              "side_by_side": not args.sequential, **runs}
+    out = args.out or REPO / "benchmarks" / "results" / f"demo_chain_{shas['old'][:7]}_{shas['new'][:7]}.json"
+    out.write_text(json.dumps(report, indent=2) + "\n")
+    print(table(runs["old"], runs["new"]))
+    print(f"-> {out}")
+    return 0 if runs["old"]["returncode"] == 0 and runs["new"]["returncode"] == 0 else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
