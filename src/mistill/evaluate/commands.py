@@ -1,4 +1,9 @@
-"""`mistill evaluate task | fidelity | m1` (App. K): one arm's generations and model against the teacher."""
+"""`mistill evaluate arm | task | fidelity | m1` (App. K): one arm's generations and model against the teacher.
+
+`arm` is what a DVC stage runs: the four steps of one arm's evaluation in one process, each
+through its own command's parser, so the files and numbers are those of the single commands and
+the interpreter, torch and transformers are loaded once instead of four times.
+"""
 
 from __future__ import annotations
 
@@ -66,8 +71,9 @@ def cmd_fidelity(args) -> int:
         from mistill.models.loading import ModelSpec, load_model, resolve_device, set_threads
 
         set_threads(params["models"], args.threads)
-        model, tok = load_model(ModelSpec.from_params(params["models"], args.model),  # the profile's dtype, YaRN
-                            device=resolve_device(params["models"].get("device")))
+        model, tok = load_model(ModelSpec.from_params(params["models"], args.model,  # the profile's dtype, YaRN;
+                                                      attn_implementation="sdpa"),   # logits only: the fused kernel
+                                device=resolve_device(params["models"].get("device")))
         if args.note_ids:
             ids = args.note_ids.split(",")
         else:  # the test notes' teacher traces (the trace file also holds the training notes)
@@ -95,7 +101,6 @@ def cmd_fidelity(args) -> int:
 
 
 def cmd_m1(args) -> int:
-
     from mistill.evaluate.m1 import m1
     from mistill.io import provenance, write_json
     from mistill.models.loading import ModelSpec, load_model, load_tokenizer, resolve_device, set_threads
@@ -103,7 +108,8 @@ def cmd_m1(args) -> int:
     params = _params()
     cfg = params["evaluate"]
     set_threads(params["models"], args.threads)
-    model, tok = load_model(ModelSpec.from_params(params["models"], args.model),  # the profile's dtype, YaRN
+    model, tok = load_model(ModelSpec.from_params(params["models"], args.model,  # the profile's dtype, YaRN;
+                                                  attn_implementation="sdpa"),   # logits only: the fused kernel
                             device=resolve_device(params["models"].get("device")))
     teacher_tok = None
     if args.teacher_tokenizer or params["models"].get("teacher"):
@@ -123,7 +129,38 @@ def cmd_m1(args) -> int:
     return 0
 
 
+ARM_FILES = {"generate": "generations.jsonl", "task": "task.json", "fidelity": "fidelity.json", "m1": "m1.json"}
+
+
+def arm_steps(model: str, out_dir: Path, m1_notes: str | None) -> list[list[str]]:
+    """The single commands `arm` runs, in order (the readers find their files by these names)."""
+    gens = str(out_dir / ARM_FILES["generate"])
+    m1_args = ["--notes", m1_notes] if m1_notes else []
+    return [["generate", "--model", model, "--out", gens],
+            ["task", "--generations", gens, "--out", str(out_dir / ARM_FILES["task"])],
+            ["fidelity", "--generations", gens, "--model", model, "--out", str(out_dir / ARM_FILES["fidelity"])],
+            ["m1", "--model", model, *m1_args, "--out", str(out_dir / ARM_FILES["m1"])]]
+
+
+def cmd_arm(args) -> int:
+    from mistill.cli import build_parser
+
+    parser = build_parser("evaluate")
+    for step in arm_steps(args.model, Path(args.out_dir), args.m1_notes):
+        step_args = parser.parse_args(["evaluate", *step])
+        status = step_args.func(step_args)
+        if status:
+            return int(status)
+    return 0
+
+
 def register(subparsers) -> None:
+    p = subparsers.add_parser("arm", help="one arm's evaluation in one process: generate, task, fidelity, m1")
+    p.add_argument("--model", required=True, help="the arm's model spec")
+    p.add_argument("--out-dir", required=True, help=f"the arm's evaluation directory ({', '.join(ARM_FILES.values())})")
+    p.add_argument("--m1-notes", help="notes whose events M1 reads (e.g. the test notes with events)")
+    p.set_defaults(func=cmd_arm)
+
     p = subparsers.add_parser("task", help="micro/macro-F1, P@k, PSP@k, head/tail, valid rate (App. K)")
     p.add_argument("--generations", required=True, help="trace-format jsonl of the arm's test generations")
     p.add_argument("--notes", help="test notes (default: params evaluate.test_notes)")

@@ -1,6 +1,7 @@
 """Shared reading of the distillation evaluations (R-D1, R-D2, R-D5 readers).
 
-Each arm's evaluation directory `<artifacts>/DT-eval/<label>-s<seed>/` is written by
+Each arm's evaluation directory `<artifacts>/DT-eval/<label>-s<seed>/` is written by one
+`mistill evaluate arm --model <spec> --out-dir <dir> --m1-notes <test notes>`, which runs
 
     mistill evaluate generate --model <spec> --out <dir>/generations.jsonl   (test-note generations)
     mistill evaluate task --generations <dir>/generations.jsonl --out <dir>/task.json
