@@ -119,3 +119,22 @@ def test_bad_architecture_params():
         TinyArchitecture.from_params({**QWEN, "num_key_value_heads": 3})
     with pytest.raises(UserError, match="unknown architecture keys"):
         TinyArchitecture.from_params({**QWEN, "layers": 3})
+
+
+def test_threads_come_from_params_and_a_flag_overrides_them():
+    import torch
+
+    from mistill.models.loading import set_threads
+
+    before = torch.get_num_threads()
+    try:
+        set_threads({"threads": 1})
+        assert torch.get_num_threads() == 1
+        set_threads({"threads": 1}, override=2)
+        assert torch.get_num_threads() == 2
+        set_threads({"threads": None})          # null: torch's default stays as it is
+        assert torch.get_num_threads() == 2
+        set_threads({})
+        assert torch.get_num_threads() == 2
+    finally:
+        torch.set_num_threads(before)
