@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import re
 import subprocess
 import sys
@@ -43,8 +44,11 @@ def timed_repro(workdir: Path, targets: list[str], out: dict) -> None:
     """Run `dvc repro`, timestamping every stage start as DVC prints it."""
     start = time.perf_counter()
     marks: list[tuple[str, float]] = []
-    own = workdir / ".venv" / "bin" / "dvc"   # the clone's environment; else the dvc on PATH
-    proc = subprocess.Popen([str(own) if own.exists() else "dvc", "repro", *targets], cwd=workdir,
+    env = dict(os.environ)
+    own = workdir / ".venv" / "bin"   # the clone's environment (its dvc and the mistill its stages call)
+    if own.is_dir():
+        env["PATH"] = f"{own}{os.pathsep}{env.get('PATH', '')}"
+    proc = subprocess.Popen(["dvc", "repro", *targets], cwd=workdir, env=env,
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, bufsize=1)
     tail: list[str] = []
     for line in proc.stdout:
