@@ -37,8 +37,8 @@ def log_path(root: Path | str | None = None) -> Path:
 def recorded(argv: list[str]):
     """Time one `mistill` command; append its line to the log when DVC is running it as a stage.
 
-    Outside a stage (tests, a user at the shell) nothing is written. A command that fails is not
-    recorded: the table reports finished work only.
+    Outside a stage (tests, a user at the shell) nothing is written. A command that raises is not
+    recorded (DVC fails the stage, so there is no run to time); one that returns a status is.
     """
     stage = os.environ.get("DVC_STAGE")
     start_wall, start_cpu = time.perf_counter(), time.process_time()
