@@ -10,6 +10,10 @@ its outputs. Works for any commit, including those whose commands record no time
     python benchmarks/chain_side_by_side.py --old 6787fe8 --new HEAD --targets R-C3 --sequential
 
 Writes `benchmarks/results/demo_chain_<old>_<new>.json` and prints a table by stage family.
+Side by side needs at least twice the cores one chain's stages use (the demo's stages run 2
+threads): two chains of 2 threads on 2 cores oversubscribe them, and OpenMP's spinning threads
+then waste most of the time (measured: TR-006 took 1,118 s of wall and CPU time instead of 41 s).
+With fewer cores the benchmark refuses side by side; `--sequential` runs one chain after the other.
 A full demo chain is tens of minutes per commit on two cores, so it has its own session
 (`nox -s bench_chain`) rather than running with the quick benchmarks of `nox -s bench`.
 """
@@ -89,6 +93,10 @@ def main() -> int:
     parser.add_argument("--workdir", type=Path, help="where the clones go (default: a temporary directory)")
     parser.add_argument("--out", type=Path)
     args = parser.parse_args()
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    if not args.sequential and cores < 4:
+        parser.error(f"side by side needs at least 4 cores (two chains of 2-thread stages); this machine has "
+                     f"{cores}: use --sequential")
     workdir = args.workdir or Path(tempfile.mkdtemp(prefix="mistill-chain-"))
     runs: dict[str, dict] = {"old": {}, "new": {}}
     shas = {which: clone(rev, workdir / which) for which, rev in (("old", args.old), ("new", args.new))}
