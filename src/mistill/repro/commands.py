@@ -56,6 +56,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     register_publish(subparsers)
     from mistill.repro.stage_times import register as register_stage_times  # `mistill repro stage-times`
     register_stage_times(subparsers)
+    from mistill.repro.calibration import register as register_calibrate  # `mistill repro calibrate`
+    register_calibrate(subparsers)
 
 
 def _common(parser: argparse.ArgumentParser) -> None:

@@ -1,0 +1,253 @@
+"""Tolerances from replicates: a demo value holds to the precision its replicates show.
+
+`replicates.py` reruns the distillation chain under the perturbations another machine brings
+(thread count, a few units in the last place of the students' weights) and under another training
+seed. For every expected value of the calibrated results this module measures how far those
+reruns move it from its golden ``g``:
+
+    spread = max over elements e of  sqrt( mean over replicates j of (r_je - g_e)^2 )
+
+(the root-mean-square deviation of the replicates from the golden, per element of a per-phase or
+per-seed list, the widest element). The value's tolerance becomes
+
+    tolerance = multiple * spread            (params calibration.multiple; 4 on the demo)
+
+rounded up to two significant digits. With four replicates the largest deviation seen is at most
+twice the RMS, so a tolerance of 4 x RMS is at least twice the largest move any replicate made.
+
+A value whose tolerance reaches zero from its golden (``tolerance >= |g_e|`` for some element)
+does not say on another machine what it says here: a difference of arms whose sign a replicate
+can flip, a p-value, a count of notes that can be zero. It is marked *descriptive*: the check
+asks only that it is produced and lies in the range its kind allows (shares in [-1, 1] where
+they are shares, p-values in [0, 1], counts >= 0), never for its value. A value no replicate
+moved (spread 0: it does not depend on the chain's numerics, such as the teacher's own row) keeps
+the tolerance it had. An invariant (basis "invariant ...") keeps its own.
+
+`apply_calibration` writes each calibrated tolerance into results/expected/<profile>.yaml with
+the calibration's provenance, so `mistill repro check` and a later `bless` (which keeps a
+value's own tolerance) use it.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import math
+import os
+import platform
+from dataclasses import dataclass
+from decimal import ROUND_CEILING, Decimal
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from mistill.errors import UserError
+from mistill.io import atomic_open, code_version, file_sha256, read_json, write_json
+from mistill.repro.numbers import read_numbers
+from mistill.repro.registry import Registry, expected_path
+from mistill.repro.tolerance import flatten, shape
+
+SPREAD_FILE = "spread.json"
+CALIBRATED = "calibrated"
+
+
+@dataclass(frozen=True)
+class Spread:
+    """How far the replicates moved one value from its golden."""
+
+    result_id: str
+    key: str
+    golden: Any
+    replicates: dict[str, Any]          # replicate name -> its value (the replicates that produced the key)
+    rms: list[float]                    # per element
+    spread: float                       # the widest element's RMS
+
+    def to_json(self) -> dict[str, Any]:
+        return {"golden": self.golden, "replicates": self.replicates, "rms": self.rms, "spread": self.spread}
+
+
+def rms_deviation(golden: Any, values: list[Any]) -> list[float]:
+    """Per element, sqrt(mean_j (value_j - golden)^2); a value of another shape is an error."""
+    g = flatten(golden)
+    if g is None:
+        raise UserError(f"golden {golden!r} is not a number or list of numbers")
+    squares = [0.0] * len(g)
+    for value in values:
+        v = flatten(value)
+        if v is None or shape(value) != shape(golden):
+            raise UserError(f"replicate value {value!r} does not have the golden's shape {golden!r}")
+        for i, (a, b) in enumerate(zip(v, g)):
+            squares[i] += (a - b) ** 2
+    return [math.sqrt(s / len(values)) for s in squares]
+
+
+def measure_spreads(registry: Registry, profile: str, replicate_dirs: list[Path],
+                    results: tuple[str, ...]) -> list[Spread]:
+    """One Spread per expected value of `results` that at least one replicate produced."""
+    expected = registry.expected(profile).values
+    numbers = {d.name: {rid: read_numbers(d / f"{rid}.json", registry) for rid in results}
+               for d in replicate_dirs}
+    spreads = []
+    for rid in results:
+        for key, exp in expected.get(rid, {}).items():
+            if flatten(exp.value) is None:
+                continue
+            produced = {name: per[rid].values[key]["value"] for name, per in numbers.items()
+                        if key in per[rid].values}
+            if not produced:
+                continue
+            rms = rms_deviation(exp.value, list(produced.values()))
+            spreads.append(Spread(rid, key, exp.value, produced, rms, max(rms)))
+    return spreads
+
+
+def write_spreads(path: Path, spreads: list[Spread], replicate_dirs: list[Path], multiple: float) -> None:
+    by_result: dict[str, dict[str, Any]] = {}
+    for s in spreads:
+        by_result.setdefault(s.result_id, {})[s.key] = s.to_json()
+    replicates = {d.name: read_json(d / "replicate.json")["perturbation"] for d in replicate_dirs}
+    write_json(path, {"multiple": multiple, "replicates": replicates, "values": by_result})
+
+
+def round_up(x: float, digits: int = 2) -> float:
+    """`x` rounded up to `digits` significant digits (0.01234 -> 0.013)."""
+    if x <= 0:
+        return 0.0
+    exponent = math.floor(math.log10(x)) - digits + 1
+    quantum = Decimal(1).scaleb(exponent)
+    return float(Decimal(repr(x)).quantize(quantum, rounding=ROUND_CEILING))
+
+
+def kind_range(kind: str, values: list[float]) -> list[float]:
+    """The range a descriptive value of `kind` must lie in (its golden and replicates `values` decide
+    whether a share or percent is a bounded proportion or an unbounded ratio)."""
+    if kind == "p_value":
+        return [0.0, 1.0]
+    if kind == "count":
+        return [0.0, math.inf]
+    bound = {"share": 1.0, "percent": 100.0}.get(kind)
+    if bound is not None and all(abs(v) <= bound for v in values):
+        return [-bound, bound]
+    return [-math.inf, math.inf]
+
+
+@dataclass(frozen=True)
+class CalibratedValue:
+    result_id: str
+    key: str
+    tolerance: float
+    descriptive: bool
+    range: list[float] | None
+
+
+def calibrate(spreads: list[Spread], multiple: float, kinds: dict[tuple[str, str], str]) -> list[CalibratedValue]:
+    """The tolerance and descriptive mark of every value a replicate moved."""
+    out = []
+    for s in spreads:
+        if s.spread == 0:
+            continue
+        tol = round_up(multiple * s.spread)
+        golden = flatten(s.golden) or []
+        descriptive = any(tol >= abs(g) for g in golden)
+        seen = golden + [x for v in s.replicates.values() for x in (flatten(v) or [])]
+        out.append(CalibratedValue(s.result_id, s.key, tol, descriptive,
+                                   kind_range(kinds[(s.result_id, s.key)], seen) if descriptive else None))
+    return out
+
+
+def apply_calibration(registry: Registry, profile: str, spread_path: Path) -> list[CalibratedValue]:
+    """Write the calibrated tolerances of `spread_path` into results/expected/<profile>.yaml."""
+    from mistill.repro.bless import HEADER, refuse_uncommitted_code
+
+    data_path = expected_path(registry.root, profile)
+    with data_path.open(encoding="utf-8") as fh:
+        data = yaml.safe_load(fh) or {}
+    if not (data.get("meta") or {}).get("blessable", False):
+        raise UserError(f"{data_path}: profile {profile!r} holds fixed expected values; nothing to calibrate")
+    refuse_uncommitted_code(registry.root, registry.root / "results")
+    calibration = read_json(spread_path, "calibration spreads")
+    spreads = []
+    for rid, keys in calibration["values"].items():
+        for key, rec in keys.items():
+            current = data["expected"].get(rid, {}).get(key)
+            if current is None:
+                continue
+            if current["value"] != rec["golden"]:
+                raise UserError(f"{spread_path}: {rid}.{key} was measured against golden {rec['golden']!r}, "
+                                f"the goldens now hold {current['value']!r}; rerun the calibration")
+            spreads.append(Spread(rid, key, rec["golden"], rec["replicates"], rec["rms"], rec["spread"]))
+    kinds = {(s.result_id, s.key): data["expected"][s.result_id][s.key]["kind"] for s in spreads}
+    multiple = float(calibration["multiple"])
+    calibrated = calibrate(spreads, multiple, kinds)
+    names = ", ".join(f"{n} ({p})" for n, p in calibration["replicates"].items())
+    basis = (f"{CALIBRATED}: {multiple:g} x the RMS deviation from the golden over "
+             f"{len(calibration['replicates'])} replicates: {names}")
+    for c in calibrated:
+        entry = data["expected"][c.result_id][c.key]
+        if str((entry.get("tolerance") or {}).get("basis", "")).startswith("invariant"):
+            continue
+        entry["tolerance"] = {"absolute": c.tolerance, "basis": basis}
+        entry.pop("descriptive", None)
+        if c.descriptive:
+            entry["descriptive"] = {"range": c.range, "why": f"tolerance {c.tolerance:g} reaches zero from the "
+                                    "golden: what this value says can change on another machine"}
+    data.setdefault("meta", {})["calibration"] = {
+        "spreads": str(spread_path), "spreads_sha256": file_sha256(spread_path), "code_version": code_version(),
+        "machine": f"{platform.node()} ({platform.machine()}, {os.cpu_count()} CPUs)",
+        "date": dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
+    }
+    text = yaml.safe_dump(data, sort_keys=False, allow_unicode=True, width=120, default_flow_style=None)
+    with atomic_open(data_path, "w", encoding="utf-8") as fh:
+        fh.write(HEADER.format(profile=profile) + text)
+    registry._expected.pop(profile, None)
+    registry.expected(profile)
+    return calibrated
+
+
+def register(subparsers) -> None:
+    """`mistill repro calibrate run | apply`."""
+    cal = subparsers.add_parser("calibrate", help="tolerances from replicates of the distillation chain",
+                                description="run: rerun the chain once per replicate (params calibration) and "
+                                "write <out>/spread.json (the stage CAL of calibration/dvc.yaml runs this); "
+                                "apply: write the calibrated tolerances into results/expected/<profile>.yaml")
+    verbs = cal.add_subparsers(dest="verb", required=True)
+    run = verbs.add_parser("run", help="run the replicates not yet done, then measure the spreads")
+    run.set_defaults(func=cmd_run)
+    apply = verbs.add_parser("apply", help="write the calibrated tolerances into the profile's expected values")
+    apply.add_argument("--spreads", type=Path, help="spread file (default: <calibration.out>/spread.json)")
+    apply.set_defaults(func=cmd_apply)
+
+
+def cmd_run(args) -> int:
+    from mistill.params import load_params
+    from mistill.repro.registry import load_registry
+    from mistill.repro.replicates import CalibrationConfig, run_replicates
+
+    params = load_params()
+    config = CalibrationConfig.from_params(params)
+    registry = load_registry()
+    dirs = run_replicates(Path("."), config)
+    spreads = measure_spreads(registry, params["profile"], dirs, config.results)
+    write_spreads(config.out / SPREAD_FILE, spreads, dirs, config.multiple)
+    moved = sum(1 for s in spreads if s.spread > 0)
+    print(f"{len(dirs)} replicates; {moved} of {len(spreads)} values moved; wrote {config.out / SPREAD_FILE}")
+    return 0
+
+
+def cmd_apply(args) -> int:
+    from mistill.params import load_params
+    from mistill.repro.registry import load_registry
+    from mistill.repro.registry_md import write_registry_md
+    from mistill.repro.replicates import CalibrationConfig
+
+    params = load_params()
+    config = CalibrationConfig.from_params(params)
+    registry = load_registry()
+    calibrated = apply_calibration(registry, params["profile"], args.spreads or config.out / SPREAD_FILE)
+    for c in calibrated:
+        print(f"{c.result_id}.{c.key}: ±{c.tolerance:g}" + (f", descriptive in {c.range}" if c.descriptive else ""))
+    descriptive = sum(c.descriptive for c in calibrated)
+    print(f"calibrated {len(calibrated)} values ({descriptive} descriptive) in "
+          f"results/expected/{params['profile']}.yaml")
+    write_registry_md(registry)
+    return 0

@@ -1,0 +1,297 @@
+"""Replicates: the distillation chain rerun under what another machine brings.
+
+A demo value is worth checking only to the precision at which it holds on someone else's
+computer. This module measures that: it reruns the distillation chain (params
+`calibration.stages`) several times, each time under one perturbation a user's machine or the
+paper's protocol brings, and collects the numbers files each rerun writes. `calibration.py`
+turns their spread into tolerances.
+
+The perturbations (`calibration.replicates`, one mapping per replicate):
+
+* ``threads``: the stages' thread count (`models.threads`): another core count changes the
+  order of floating-point reductions inside matrix products and softmaxes;
+* ``train_seed``: another training seed (`distill.seeds`), as the paper's protocol reruns arms;
+* ``weight_jitter`` (with ``jitter_seed``): every floating-point weight of each student
+  multiplied by ``1 + weight_jitter * N(0, 1)`` before anything reads it, a perturbation of a
+  few units in the last place that stands in for a CPU whose kernels round differently. The
+  teacher is not perturbed: its traces are byte-identical across the machines we compared.
+
+A replicate runs in a scratch workspace of its own (`<calibration.scratch>/<name>`): a DVC
+project whose inputs (`calibration.inputs`: the world data, the teacher's traces, events, head
+sets and distillation targets) are hard links to this checkout's artifacts, whose model
+directory is a copy (perturbed or not), and whose `params.yaml` is this one with the
+replicate's overrides. The very stage definitions of `dvc.yaml` run there, one
+`dvc repro --single-item <stage>` after another, so a replicate executes the commands the
+pipeline executes. None of those stages writes an input (`check_inputs_not_written`), so the
+hard links never let a replicate touch this checkout. A replicate whose numbers files are all
+in place is done and skipped on the next run (a killed calibration resumes there, and DVC
+resumes a half-finished replicate stage by stage).
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from mistill.errors import UserError
+from mistill.io import write_json
+
+# What a replicate workspace needs besides its inputs: the pipeline, the registry and the
+# readers (DVC hashes them as dependencies; the commands themselves run the installed package).
+PROJECT_FILES = ("dvc.yaml", "registry.yaml", ".dvcignore")
+PROJECT_TREES = ("src", "readers", "results/expected")
+DONE_FILE = "replicate.json"
+
+
+@dataclass(frozen=True)
+class Replicate:
+    """One rerun of the chain and the one perturbation it brings (None / 0: as the pipeline runs)."""
+
+    name: str
+    threads: int | None = None
+    train_seed: int | None = None
+    weight_jitter: float = 0.0
+    jitter_seed: int = 0
+
+    def describe(self) -> str:
+        parts = []
+        if self.threads is not None:
+            parts.append(f"{self.threads} thread(s)")
+        if self.train_seed is not None:
+            parts.append(f"training seed {self.train_seed}")
+        if self.weight_jitter:
+            parts.append(f"student weights x (1 + {self.weight_jitter:g} N(0,1)), seed {self.jitter_seed}")
+        return ", ".join(parts) or "no perturbation"
+
+
+@dataclass(frozen=True)
+class CalibrationConfig:
+    """params.yaml `calibration` of the active profile."""
+
+    scratch: Path
+    out: Path
+    inputs: tuple[str, ...]
+    stages: tuple[str, ...]
+    results: tuple[str, ...]
+    multiple: float
+    replicates: tuple[Replicate, ...]
+
+    @classmethod
+    def from_params(cls, params: dict[str, Any]) -> CalibrationConfig:
+        section = params.get("calibration")
+        if not isinstance(section, dict):
+            raise UserError("params.yaml: the active profile has no `calibration` section")
+        try:
+            replicates = []
+            for name, spec in (section["replicates"] or {}).items():
+                unknown = set(spec or {}) - {"threads", "train_seed", "weight_jitter", "jitter_seed"}
+                if unknown:
+                    raise UserError(f"params.yaml calibration.replicates.{name}: unknown field(s) "
+                                    f"{', '.join(sorted(unknown))} (threads, train_seed, weight_jitter, jitter_seed)")
+                replicates.append(Replicate(name=str(name), **(spec or {})))
+            config = cls(scratch=Path(section["scratch"]), out=Path(section["out"]),
+                         inputs=tuple(section["inputs"]), stages=tuple(section["stages"]),
+                         results=tuple(section["results"]), multiple=float(section["multiple"]),
+                         replicates=tuple(replicates))
+        except KeyError as err:
+            raise UserError(f"params.yaml calibration: missing {err}") from None
+        if config.multiple <= 0:
+            raise UserError(f"params.yaml calibration.multiple must be > 0, got {config.multiple}")
+        for rep in config.replicates:
+            if rep.weight_jitter < 0 or (rep.threads is not None and rep.threads < 1):
+                raise UserError(f"params.yaml calibration.replicates.{rep.name}: weight_jitter >= 0 and threads >= 1")
+        return config
+
+
+def replicate_params(data: dict[str, Any], rep: Replicate) -> dict[str, Any]:
+    """The whole params.yaml mapping with `rep`'s overrides applied to the active profile.
+
+    `profile: *demo` loads as the very same dict as `demo`, so one change reaches both, and
+    `yaml.safe_dump` writes the shared dict back as an anchor and its alias.
+    """
+    data = copy.deepcopy(data)
+    active = data["profile"]
+    if rep.threads is not None:
+        active["models"]["threads"] = rep.threads
+    if rep.train_seed is not None:
+        active["distill"]["seeds"] = [rep.train_seed]
+    return data
+
+
+def jitter_weights(src: Path, dst: Path, scale: float, seed: int) -> int:
+    """Copy a model directory, multiplying each floating tensor of its safetensors files by
+    ``1 + scale * N(0, 1)`` (one generator per file, seeded by ``(seed, file index)``); returns the
+    number of tensors perturbed. The arithmetic is float64, then cast back to the tensor's dtype."""
+    import numpy as np
+    import torch
+    from safetensors import safe_open
+    from safetensors.torch import save_file
+
+    shutil.copytree(src, dst, dirs_exist_ok=True)
+    perturbed = 0
+    for index, path in enumerate(sorted(src.glob("*.safetensors"))):
+        rng = np.random.default_rng([seed, index])
+        tensors = {}
+        with safe_open(path, framework="pt") as fh:
+            metadata = fh.metadata()
+            for name in sorted(fh.keys()):
+                t = fh.get_tensor(name)
+                if t.is_floating_point():
+                    noise = torch.from_numpy(rng.standard_normal(tuple(t.shape)))
+                    t = (t.double() * (1.0 + scale * noise)).to(t.dtype)
+                    perturbed += 1
+                tensors[name] = t.contiguous()
+        save_file(tensors, str(dst / path.name), metadata=metadata)
+    return perturbed
+
+
+def check_inputs_not_written(config: CalibrationConfig, outs_by_stage: dict[str, list[str]]) -> None:
+    """Refuse a configuration in which a replicate stage would write into a hard-linked input."""
+    for stage, outs in outs_by_stage.items():
+        for out in outs:
+            for inp in config.inputs:
+                if out == inp or out.startswith(inp.rstrip("/") + "/") or inp.startswith(out.rstrip("/") + "/"):
+                    raise UserError(f"calibration: stage {stage} writes {out}, which is the hard-linked input {inp}; "
+                                    "remove it from calibration.inputs (the replicate rebuilds it)")
+
+
+def _link_tree(src: Path, dst: Path) -> None:
+    if src.is_dir():
+        shutil.copytree(src, dst, copy_function=os.link, dirs_exist_ok=True)
+    else:
+        dst.parent.mkdir(parents=True, exist_ok=True)
+        if not dst.exists():
+            os.link(src, dst)
+
+
+@dataclass
+class Workspace:
+    """A replicate's scratch DVC project under `config.scratch`."""
+
+    root: Path
+    rep: Replicate
+
+    def build(self, repo: Path, data: dict[str, Any], config: CalibrationConfig) -> None:
+        """Lay out the workspace once; a second call finds it built and leaves it (DVC resumes)."""
+        marker = self.root / ".built"
+        if marker.exists():
+            return
+        if self.root.exists():
+            shutil.rmtree(self.root)              # a half-built workspace from a killed run
+        self.root.mkdir(parents=True)
+        for name in PROJECT_FILES:
+            if (repo / name).exists():
+                shutil.copy2(repo / name, self.root / name)
+        for tree in PROJECT_TREES:
+            if (repo / tree).exists():
+                shutil.copytree(repo / tree, self.root / tree,
+                                ignore=shutil.ignore_patterns("__pycache__", "*.egg-info"))
+        for inp in config.inputs:
+            if not (repo / inp).exists():
+                raise UserError(f"calibration input {inp} is missing: run `dvc repro` first")
+            _link_tree(repo / inp, self.root / inp)
+        params = replicate_params(data, self.rep)
+        models_dir = Path(params["profile"]["models"]["dir"])
+        if not (repo / models_dir).is_dir():
+            raise UserError(f"calibration: models directory {models_dir} is missing")
+        for model in sorted(p for p in (repo / models_dir).iterdir() if p.is_dir()):
+            target = self.root / models_dir / model.name
+            if self.rep.weight_jitter and model.name.startswith("student"):
+                jitter_weights(model, target, self.rep.weight_jitter, self.rep.jitter_seed)
+            else:
+                _link_tree(model, target)
+        with (self.root / "params.yaml").open("w", encoding="utf-8") as fh:
+            fh.write(f"# replicate {self.rep.name}: {self.rep.describe()}\n")
+            yaml.safe_dump(params, fh, sort_keys=False, width=120)
+        _dvc(["init", "--no-scm", "-q"], self.root)
+        _dvc(["config", "core.analytics", "false"], self.root)
+        marker.write_text(json.dumps(asdict(self.rep)) + "\n", encoding="utf-8")
+
+    def run_stages(self, stages: tuple[str, ...], log) -> list[dict[str, Any]]:
+        times = []
+        for stage in stages:
+            start = time.perf_counter()
+            _dvc(["repro", "--single-item", stage], self.root)
+            seconds = time.perf_counter() - start
+            times.append({"stage": stage, "wall_s": round(seconds, 1)})
+            log(f"  {self.rep.name}: {stage} {seconds:.0f} s")
+        return times
+
+
+def _dvc(args: list[str], cwd: Path) -> None:
+    """Run `dvc` in a workspace; its output goes to the workspace's log, a failure names it."""
+    dvc = shutil.which("dvc", path=f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}")
+    if dvc is None:
+        raise UserError("calibration needs the `dvc` command (pip install -e '.[dev]')")
+    env = {**os.environ, "DVC_NO_ANALYTICS": "1",
+           "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"}
+    for var in ("DVC_STAGE", "DVC_ROOT"):        # the calibration's own stage is not the replicate's
+        env.pop(var, None)
+    log_path = cwd / "replicate.log"
+    with log_path.open("a", encoding="utf-8") as log:
+        log.write(f"$ dvc {' '.join(args)}\n")
+        log.flush()
+        done = subprocess.run([dvc, *args], cwd=cwd, stdout=log, stderr=subprocess.STDOUT, env=env)
+    if done.returncode != 0:
+        raise UserError(f"calibration: `dvc {' '.join(args)}` failed in {cwd} (exit {done.returncode}); "
+                        f"see {log_path}")
+
+
+def stage_outs(repo: Path, stages: tuple[str, ...]) -> dict[str, list[str]]:
+    """Each named stage group's outputs (metrics included), as dvc.yaml resolves them here."""
+    from dvc.repo import Repo
+
+    outs: dict[str, list[str]] = {}
+    with Repo(str(repo)) as dvc_repo:
+        for stage in dvc_repo.index.stages:
+            group = getattr(stage, "name", "").split("@")[0]
+            if group in stages:
+                outs.setdefault(group, []).extend(
+                    Path(os.path.relpath(out.fs_path, repo)).as_posix() for out in stage.outs)
+    missing = [s for s in stages if s not in outs]
+    if missing:
+        raise UserError(f"calibration.stages names stage(s) dvc.yaml does not define: {', '.join(missing)}")
+    return outs
+
+
+def run_replicates(repo: Path, config: CalibrationConfig, *, log=print) -> list[Path]:
+    """Run every replicate not yet done; return the directories of numbers files, one per replicate."""
+    from mistill.params import load_all
+
+    if not config.replicates:
+        raise UserError("params.yaml calibration.replicates is empty: this profile has no replicates to run "
+                        "(its expected values are not calibrated here)")
+    check_inputs_not_written(config, stage_outs(repo, config.stages))
+    data = load_all(repo / "params.yaml")
+    done_dirs = []
+    for rep in config.replicates:
+        out_dir = repo / config.out / rep.name
+        if (out_dir / DONE_FILE).exists():
+            log(f"{rep.name}: done earlier ({rep.describe()})")
+            done_dirs.append(out_dir)
+            continue
+        log(f"{rep.name}: {rep.describe()}")
+        workspace = Workspace(repo / config.scratch / rep.name, rep)
+        workspace.build(repo, data, config)
+        start = time.perf_counter()
+        times = workspace.run_stages(config.stages, log)
+        out_dir.mkdir(parents=True, exist_ok=True)
+        for rid in config.results:
+            source = workspace.root / "results" / f"{rid}.json"
+            if not source.exists():
+                raise UserError(f"calibration: replicate {rep.name} wrote no results/{rid}.json")
+            shutil.copy2(source, out_dir / source.name)
+        write_json(out_dir / DONE_FILE, {"replicate": asdict(rep), "perturbation": rep.describe(),
+                                         "wall_s": round(time.perf_counter() - start, 1), "stages": times})
+        done_dirs.append(out_dir)
+    return done_dirs
