@@ -64,4 +64,4 @@ def test_readme_table_is_rewritten_between_markers_only(tmp_path, monkeypatch, c
     assert "| inventory | 1 | 2.0 | 67% | 1.0 |" in text
     readme.write_text("no markers\n")
     assert main(["repro", "stage-times", "--log", str(log), "--readme", str(readme)]) == 2
-    assert "no stage-times markers" in capsys.readouterr().err
+    assert "no markers for this table" in capsys.readouterr().err

@@ -20,7 +20,8 @@ Before writing anything, bless refuses
 
 Each golden keeps the kind and class the registry gives the same key under the
 paper profile (so it takes the same default tolerance), and a tolerance that a
-previous golden set by hand survives re-blessing.
+previous golden set by hand or by the calibration (with its descriptive mark)
+survives re-blessing.
 """
 
 from __future__ import annotations
@@ -113,6 +114,8 @@ def bless(registry: Registry, ids: list[str], *, profile: str, results_dir: str 
             }
             if "tolerance" in old.get(key, {}):
                 entry["tolerance"] = old[key]["tolerance"]
+                if "descriptive" in old[key]:           # the calibration's mark goes with its tolerance
+                    entry["descriptive"] = old[key]["descriptive"]
                 if str(old[key]["tolerance"].get("basis", "")).startswith("invariant"):
                     # an invariant's expected value is the invariant itself, not the run's rounding error
                     entry.update(value=old[key]["value"], kind=old[key].get("kind", entry["kind"]),

@@ -14,6 +14,9 @@ per-seed list, the widest element). The value's tolerance becomes
 
 rounded up to two significant digits. With four replicates the largest deviation seen is at most
 twice the RMS, so a tolerance of 4 x RMS is at least twice the largest move any replicate made.
+A calibration never narrows a tolerance: where 4 x RMS is within what the value's class tolerance
+already allows (a value the replicates barely moved; four replicates can under-state the spread of
+a metric that moves in steps), the class tolerance stays.
 
 A value whose tolerance reaches zero from its golden (``tolerance >= |g_e|`` for some element)
 does not say on another machine what it says here: a difference of arms whose sign a replicate
@@ -43,6 +46,7 @@ import yaml
 
 from mistill.errors import UserError
 from mistill.io import atomic_open, code_version, file_sha256, read_json, write_json
+from mistill.repro.check import run_check
 from mistill.repro.numbers import read_numbers
 from mistill.repro.registry import Registry, expected_path
 from mistill.repro.tolerance import flatten, shape
@@ -110,12 +114,13 @@ def write_spreads(path: Path, spreads: list[Spread], replicate_dirs: list[Path],
 
 
 def round_up(x: float, digits: int = 2) -> float:
-    """`x` rounded up to `digits` significant digits (0.01234 -> 0.013)."""
+    """`x` rounded up to `digits` significant digits (0.01234 -> 0.013). Float noise below twelve
+    significant digits is dropped first, so 0.030000000000000002 is 0.03, not 0.031."""
     if x <= 0:
         return 0.0
-    exponent = math.floor(math.log10(x)) - digits + 1
-    quantum = Decimal(1).scaleb(exponent)
-    return float(Decimal(repr(x)).quantize(quantum, rounding=ROUND_CEILING))
+    exact = Decimal(f"{x:.12g}")
+    quantum = Decimal(1).scaleb(exact.adjusted() - digits + 1)
+    return float(exact.quantize(quantum, rounding=ROUND_CEILING))
 
 
 def kind_range(kind: str, values: list[float]) -> list[float]:
@@ -140,13 +145,16 @@ class CalibratedValue:
     range: list[float] | None
 
 
-def calibrate(spreads: list[Spread], multiple: float, kinds: dict[tuple[str, str], str]) -> list[CalibratedValue]:
-    """The tolerance and descriptive mark of every value a replicate moved."""
+def calibrate(spreads: list[Spread], multiple: float, kinds: dict[tuple[str, str], str],
+              floors: dict[tuple[str, str], float] | None = None) -> list[CalibratedValue]:
+    """The tolerance and descriptive mark of every value its replicates moved beyond its floor (the
+    distance its present tolerance already allows, when given)."""
     out = []
+    floors = floors or {}
     for s in spreads:
-        if s.spread == 0:
-            continue
         tol = round_up(multiple * s.spread)
+        if tol == 0 or tol <= floors.get((s.result_id, s.key), 0.0):
+            continue
         golden = flatten(s.golden) or []
         descriptive = any(tol >= abs(g) for g in golden)
         seen = golden + [x for v in s.replicates.values() for x in (flatten(v) or [])]
@@ -177,8 +185,14 @@ def apply_calibration(registry: Registry, profile: str, spread_path: Path) -> li
                                 f"the goldens now hold {current['value']!r}; rerun the calibration")
             spreads.append(Spread(rid, key, rec["golden"], rec["replicates"], rec["rms"], rec["spread"]))
     kinds = {(s.result_id, s.key): data["expected"][s.result_id][s.key]["kind"] for s in spreads}
+    floors = {}
+    for s in spreads:       # what the class tolerance allows already (a calibration never narrows it)
+        exp = registry.expected(profile).values[s.result_id][s.key]
+        if not exp.tolerance.basis.startswith(CALIBRATED):
+            floors[(s.result_id, s.key)] = min((exp.tolerance.allowed(g) for g in flatten(exp.value) or []),
+                                               default=0.0)
     multiple = float(calibration["multiple"])
-    calibrated = calibrate(spreads, multiple, kinds)
+    calibrated = calibrate(spreads, multiple, kinds, floors)
     names = ", ".join(f"{n} ({p})" for n, p in calibration["replicates"].items())
     basis = (f"{CALIBRATED}: {multiple:g} x the RMS deviation from the golden over "
              f"{len(calibration['replicates'])} replicates: {names}")
@@ -215,6 +229,8 @@ def register(subparsers) -> None:
     run.set_defaults(func=cmd_run)
     apply = verbs.add_parser("apply", help="write the calibrated tolerances into the profile's expected values")
     apply.add_argument("--spreads", type=Path, help="spread file (default: <calibration.out>/spread.json)")
+    apply.add_argument("--readme", type=Path, nargs="?", const=Path("README.md"), default=None, metavar="PATH",
+                       help="also rewrite the findings table between its markers in README.md (or PATH)")
     apply.set_defaults(func=cmd_apply)
 
 
@@ -226,7 +242,7 @@ def cmd_run(args) -> int:
     params = load_params()
     config = CalibrationConfig.from_params(params)
     registry = load_registry()
-    dirs = run_replicates(Path("."), config)
+    dirs = run_replicates(Path("."), config)[:len(config.replicates)]   # held-out ones are checked, not measured
     spreads = measure_spreads(registry, params["profile"], dirs, config.results)
     write_spreads(config.out / SPREAD_FILE, spreads, dirs, config.multiple)
     moved = sum(1 for s in spreads if s.spread > 0)
@@ -249,5 +265,44 @@ def cmd_apply(args) -> int:
     descriptive = sum(c.descriptive for c in calibrated)
     print(f"calibrated {len(calibrated)} values ({descriptive} descriptive) in "
           f"results/expected/{params['profile']}.yaml")
+    failed = False
+    for rep in config.held_out:     # the test of the tolerances: a perturbation they were not measured on
+        directory = config.out / rep.name
+        if not directory.is_dir():
+            print(f"held out {rep.name}: not run (dvc repro calibration/dvc.yaml)")
+            continue
+        report = run_check(registry, params["profile"], directory, list(config.results))
+        failed |= report.failed
+        print(f"held out {rep.name} ({rep.describe()}): {report.summary()}")
+        for line in report.lines:
+            if line.fails:
+                print(f"  {line.result_id}.{line.key}: {line.verdict} {line.detail}")
     write_registry_md(registry)
-    return 0
+    if args.readme is not None:
+        from mistill.repro.stage_times import replace_in_readme
+
+        replace_in_readme(args.readme, findings_table(registry, params["profile"], config.results),
+                          README_BEGIN, README_END)
+        print(f"rewrote the findings table in {args.readme}")
+    return 1 if failed else 0
+
+
+README_BEGIN = "<!-- calibrated-findings:begin (generated by `mistill repro calibrate apply --readme`) -->"
+README_END = "<!-- calibrated-findings:end -->"
+
+
+def findings_table(registry: Registry, profile: str, results: tuple[str, ...]) -> str:
+    """Markdown: every calibrated value of `results`, its golden, its replicate interval
+    (golden ± calibrated tolerance) and whether the demo shows it as a finding or only descriptively."""
+    rows = ["| result | value | golden | replicate interval | the demo shows |", "|---|---|---:|---|---|"]
+    for rid in results:
+        for key, exp in registry.expected(profile).values.get(rid, {}).items():
+            if not exp.tolerance.basis.startswith(CALIBRATED):
+                continue
+            tol = exp.tolerance.absolute
+            golden = flatten(exp.value) or []
+            interval = "; ".join(f"[{g - tol:.3g}, {g + tol:.3g}]" for g in golden)
+            shown = "descriptive (the interval reaches zero)" if exp.descriptive is not None else "a finding"
+            value = ", ".join(f"{g:.3g}" for g in golden)
+            rows.append(f"| {rid} | `{key}` | {value} | {interval} | {shown} |")
+    return "\n".join(rows)

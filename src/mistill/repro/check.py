@@ -2,7 +2,8 @@
 
 One line per value: id, key, expected, got, tolerance, class, verdict.
 
-Verdicts: PASS (within tolerance), FAIL (breach), NOT REPRODUCED (no number
+Verdicts: PASS (within tolerance; for a value the calibration marked descriptive, produced, of the
+golden's shape and within its kind's range), FAIL (breach), NOT REPRODUCED (no number
 produced), NO EXPECTED (a number the profile records no expected value for),
 ERROR (malformed file, unknown key, wrong profile).  A result never produced is
 one NOT REPRODUCED line, never a pass.
@@ -27,7 +28,7 @@ from typing import Any
 from mistill.errors import UserError
 from mistill.repro.numbers import numbers_path, read_numbers
 from mistill.repro.registry import ALL_IDS, Registry
-from mistill.repro.tolerance import compare
+from mistill.repro.tolerance import compare, within_range
 
 PASS, FAIL, NOT_REPRODUCED, NO_EXPECTED, ERROR = "PASS", "FAIL", "NOT REPRODUCED", "NO EXPECTED", "ERROR"
 NUMBERS_NAME = re.compile(r"^R-[A-Z]+\d+\.json$")
@@ -132,7 +133,11 @@ def run_check(registry: Registry, profile: str, results_dir: str | Path,
                                               required, "the reader wrote no such value"))
                 continue
             got = numbers.values[key]["value"]
-            outcome = compare(exp.value, got, exp.tolerance)
+            if exp.descriptive is not None:
+                tol_text = exp.held_to()
+                outcome = within_range(exp.value, got, exp.descriptive)
+            else:
+                outcome = compare(exp.value, got, exp.tolerance)
             verdict = PASS if outcome.passed else FAIL
             report.lines.append(CheckLine(rid, key, exp.value, got, tol_text, exp.cls, verdict,
                                           not outcome.passed, outcome.detail))

@@ -73,6 +73,17 @@ class Expected:
     cls: str
     tolerance: Tolerance
     reported: dict[str, Any] = field(default_factory=dict)   # paper's interval, p, higher/lower counts, source
+    # a value its replicates show cannot be reproduced as a number (calibration.py): checked for
+    # presence and for lying in this [lo, hi] range, element by element, never against `value`
+    descriptive: tuple[float, float] | None = None
+    descriptive_why: str = ""
+
+    def held_to(self) -> str:
+        """What the check holds this value to, in words ("±0.02", "descriptive in [-1, 1]")."""
+        if self.descriptive is None:
+            return self.tolerance.describe()
+        lo, hi = (f"{b:g}" for b in self.descriptive)
+        return f"descriptive in [{lo}, {hi}] (replicates ±{self.tolerance.describe().lstrip('±')})"
 
 
 @dataclass(frozen=True)
@@ -269,8 +280,22 @@ def _parse_expected(registry: Registry, result: Result, key: str, entry: Any, *,
         if half:
             tol = Tolerance(absolute=round(tol.absolute + half, 12), relative=tol.relative, cls=tol.cls,
                             basis=(tol.basis + "; " if tol.basis else "") + f"+{half:g} printed rounding")
+    descriptive, why = _parse_descriptive(entry.get("descriptive"), where)
     return Expected(result_id=result.id, key=str(key), value=value, stat=str(entry.get("stat", "")),
-                    kind=kind, cls=cls, tolerance=tol, reported=dict(entry.get("reported") or {}))
+                    kind=kind, cls=cls, tolerance=tol, reported=dict(entry.get("reported") or {}),
+                    descriptive=descriptive, descriptive_why=why)
+
+
+def _parse_descriptive(spec: Any, where: str) -> tuple[tuple[float, float] | None, str]:
+    """`descriptive: {range: [lo, hi], why: ...}` (written by `mistill repro calibrate apply`)."""
+    if spec is None:
+        return None, ""
+    bounds = spec.get("range") if isinstance(spec, dict) else None
+    if (not isinstance(bounds, list) or len(bounds) != 2
+            or not all(isinstance(b, (int, float)) and not isinstance(b, bool) for b in bounds)
+            or bounds[0] > bounds[1]):
+        raise UserError(f"{where}: descriptive must be {{range: [lo, hi], why: ...}} with lo <= hi, got {spec!r}")
+    return (float(bounds[0]), float(bounds[1])), str(spec.get("why", ""))
 
 
 def _load_yaml(path: Path) -> dict[str, Any]:

@@ -67,7 +67,7 @@ def render_registry_md(registry: Registry) -> str:
              "to (the default above, or the entry's own), after any printed-rounding widening."), ""]
     for profile in registry.value_profiles:
         out += [f"Profile **{profile}**:", "", "| id | key | kind | class | tolerance |", "|---|---|---|---|---|"]
-        out += [f"| {rid} | `{key}` | {exp.kind} | {exp.cls} | {exp.tolerance.describe()} |"
+        out += [f"| {rid} | `{key}` | {exp.kind} | {exp.cls} | {exp.held_to()} |"
                 for rid, keys in registry.expected(profile).values.items() for key, exp in keys.items()]
         out.append("")
     out += ["## Index", "", "| id | status | where | values (paper / demo) |", "|---|---|---|---|"]
@@ -127,7 +127,7 @@ def _entry(registry: Registry, result: Result) -> list[str]:
 
 def _value_row(exp: Expected) -> str:
     reported = "; ".join(f"{k} {fmt_value(v) if not isinstance(v, str) else v}" for k, v in exp.reported.items())
-    return (f"| `{exp.key}` | {fmt_value(exp.value)} | {_md(exp.stat)} | {exp.tolerance.describe()} | "
+    return (f"| `{exp.key}` | {fmt_value(exp.value)} | {_md(exp.stat)} | {_md(exp.held_to())} | "
             f"{exp.cls} | {_md(reported)} |")
 
 

@@ -15,6 +15,13 @@ The perturbations (`calibration.replicates`, one mapping per replicate):
   multiplied by ``1 + weight_jitter * N(0, 1)`` before anything reads it, a perturbation of a
   few units in the last place that stands in for a CPU whose kernels round differently. The
   teacher is not perturbed: its traces are byte-identical across the machines we compared.
+* ``env``: environment variables for every stage command, such as
+  ``ONEDNN_MAX_CPU_ISA=AVX512_CORE_VNNI`` and ``MKL_ENABLE_INSTRUCTIONS=AVX512``, which make
+  oneDNN and MKL take the kernels of a CPU without AVX512-BF16 and AMX.
+
+`calibration.held_out` lists replicates of the same form that are run but never measured: they
+test the calibrated tolerances on a perturbation the calibration did not see (the demo's emulates
+the instruction set of a second machine on which an uncalibrated run failed).
 
 A replicate runs in a scratch workspace of its own (`<calibration.scratch>/<name>`): a DVC
 project whose inputs (`calibration.inputs`: the world data, the teacher's traces, events, head
@@ -62,9 +69,10 @@ class Replicate:
     train_seed: int | None = None
     weight_jitter: float = 0.0
     jitter_seed: int = 0
+    env: tuple[tuple[str, str], ...] = ()
 
     def describe(self) -> str:
-        parts = []
+        parts = [" ".join(f"{k}={v}" for k, v in self.env)] if self.env else []
         if self.threads is not None:
             parts.append(f"{self.threads} thread(s)")
         if self.train_seed is not None:
@@ -85,6 +93,7 @@ class CalibrationConfig:
     results: tuple[str, ...]
     multiple: float
     replicates: tuple[Replicate, ...]
+    held_out: tuple[Replicate, ...] = ()
 
     @classmethod
     def from_params(cls, params: dict[str, Any]) -> CalibrationConfig:
@@ -92,25 +101,40 @@ class CalibrationConfig:
         if not isinstance(section, dict):
             raise UserError("params.yaml: the active profile has no `calibration` section")
         try:
-            replicates = []
-            for name, spec in (section["replicates"] or {}).items():
-                unknown = set(spec or {}) - {"threads", "train_seed", "weight_jitter", "jitter_seed"}
-                if unknown:
-                    raise UserError(f"params.yaml calibration.replicates.{name}: unknown field(s) "
-                                    f"{', '.join(sorted(unknown))} (threads, train_seed, weight_jitter, jitter_seed)")
-                replicates.append(Replicate(name=str(name), **(spec or {})))
             config = cls(scratch=Path(section["scratch"]), out=Path(section["out"]),
                          inputs=tuple(section["inputs"]), stages=tuple(section["stages"]),
                          results=tuple(section["results"]), multiple=float(section["multiple"]),
-                         replicates=tuple(replicates))
+                         replicates=_replicates(section["replicates"], "replicates"),
+                         held_out=_replicates(section.get("held_out"), "held_out"))
         except KeyError as err:
             raise UserError(f"params.yaml calibration: missing {err}") from None
+        names = [r.name for r in config.replicates + config.held_out]
+        if len(set(names)) != len(names):
+            raise UserError("params.yaml calibration: replicates and held_out need distinct names")
         if config.multiple <= 0:
             raise UserError(f"params.yaml calibration.multiple must be > 0, got {config.multiple}")
-        for rep in config.replicates:
+        for rep in config.replicates + config.held_out:
             if rep.weight_jitter < 0 or (rep.threads is not None and rep.threads < 1):
                 raise UserError(f"params.yaml calibration.replicates.{rep.name}: weight_jitter >= 0 and threads >= 1")
         return config
+
+
+REPLICATE_FIELDS = ("threads", "train_seed", "weight_jitter", "jitter_seed", "env")
+
+
+def _replicates(section: dict[str, Any] | None, where: str) -> tuple[Replicate, ...]:
+    out = []
+    for name, spec in (section or {}).items():
+        spec = dict(spec or {})
+        unknown = set(spec) - set(REPLICATE_FIELDS)
+        if unknown:
+            raise UserError(f"params.yaml calibration.{where}.{name}: unknown field(s) {', '.join(sorted(unknown))} "
+                            f"({', '.join(REPLICATE_FIELDS)})")
+        env = spec.pop("env", None) or {}
+        if not isinstance(env, dict):
+            raise UserError(f"params.yaml calibration.{where}.{name}.env: a mapping of variable -> value")
+        out.append(Replicate(name=str(name), env=tuple(sorted((str(k), str(v)) for k, v in env.items())), **spec))
+    return tuple(out)
 
 
 def replicate_params(data: dict[str, Any], rep: Replicate) -> dict[str, Any]:
@@ -221,19 +245,20 @@ class Workspace:
         times = []
         for stage in stages:
             start = time.perf_counter()
-            _dvc(["repro", "--single-item", stage], self.root)
+            _dvc(["repro", "--single-item", stage], self.root, dict(self.rep.env))
             seconds = time.perf_counter() - start
             times.append({"stage": stage, "wall_s": round(seconds, 1)})
             log(f"  {self.rep.name}: {stage} {seconds:.0f} s")
         return times
 
 
-def _dvc(args: list[str], cwd: Path) -> None:
-    """Run `dvc` in a workspace; its output goes to the workspace's log, a failure names it."""
+def _dvc(args: list[str], cwd: Path, extra_env: dict[str, str] | None = None) -> None:
+    """Run `dvc` in a workspace (stage commands inherit `extra_env`); its output goes to the
+    workspace's log, a failure names it."""
     dvc = shutil.which("dvc", path=f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}")
     if dvc is None:
         raise UserError("calibration needs the `dvc` command (pip install -e '.[dev]')")
-    env = {**os.environ, "DVC_NO_ANALYTICS": "1",
+    env = {**os.environ, **(extra_env or {}), "DVC_NO_ANALYTICS": "1",
            "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"}
     for var in ("DVC_STAGE", "DVC_ROOT"):        # the calibration's own stage is not the replicate's
         env.pop(var, None)
@@ -265,7 +290,8 @@ def stage_outs(repo: Path, stages: tuple[str, ...]) -> dict[str, list[str]]:
 
 
 def run_replicates(repo: Path, config: CalibrationConfig, *, log=print) -> list[Path]:
-    """Run every replicate not yet done; return the directories of numbers files, one per replicate."""
+    """Run every replicate and held-out replicate not yet done; return their numbers files'
+    directories, replicates first."""
     from mistill.params import load_all
 
     if not config.replicates:
@@ -274,7 +300,7 @@ def run_replicates(repo: Path, config: CalibrationConfig, *, log=print) -> list[
     check_inputs_not_written(config, stage_outs(repo, config.stages))
     data = load_all(repo / "params.yaml")
     done_dirs = []
-    for rep in config.replicates:
+    for rep in config.replicates + config.held_out:
         out_dir = repo / config.out / rep.name
         if (out_dir / DONE_FILE).exists():
             log(f"{rep.name}: done earlier ({rep.describe()})")
@@ -292,6 +318,7 @@ def run_replicates(repo: Path, config: CalibrationConfig, *, log=print) -> list[
                 raise UserError(f"calibration: replicate {rep.name} wrote no results/{rid}.json")
             shutil.copy2(source, out_dir / source.name)
         write_json(out_dir / DONE_FILE, {"replicate": asdict(rep), "perturbation": rep.describe(),
+                                         "held_out": rep in config.held_out,
                                          "wall_s": round(time.perf_counter() - start, 1), "stages": times})
         done_dirs.append(out_dir)
     return done_dirs

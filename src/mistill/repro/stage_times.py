@@ -118,14 +118,15 @@ def markdown_table(times: list[StageTime], *, by_family: bool = False) -> str:
     return "\n".join(out)
 
 
-def replace_in_readme(readme: Path, table: str) -> None:
+def replace_in_readme(readme: Path, table: str, begin: str = README_BEGIN, end: str = README_END) -> None:
+    """Rewrite what README holds between a generated table's markers."""
     text = readme.read_text(encoding="utf-8")
-    if README_BEGIN not in text or README_END not in text:
-        raise UserError(f"{readme} has no stage-times markers ({README_BEGIN!r} ... {README_END!r})")
-    head, rest = text.split(README_BEGIN, 1)
-    _, tail = rest.split(README_END, 1)
+    if begin not in text or end not in text:
+        raise UserError(f"{readme} has no markers for this table ({begin!r} ... {end!r})")
+    head, rest = text.split(begin, 1)
+    _, tail = rest.split(end, 1)
     with atomic_open(readme, "w", encoding="utf-8") as f:
-        f.write(f"{head}{README_BEGIN}\n{table}\n{README_END}{tail}")
+        f.write(f"{head}{begin}\n{table}\n{end}{tail}")
 
 
 def register(subparsers) -> None:

@@ -148,6 +148,23 @@ def compare(expected: Any, got: Any, tol: Tolerance) -> Comparison:
     return Comparison(not breaches, max_excess, max_diff, "; ".join(breaches))
 
 
+def within_range(expected: Any, got: Any, bounds: tuple[float, float]) -> Comparison:
+    """A descriptive value: of the expected value's shape, finite, every element in [lo, hi]."""
+    exp_flat, got_flat = flatten(expected), flatten(got)
+    if exp_flat is None or got_flat is None:
+        return Comparison(False, math.inf, math.inf, "not a number or list of numbers")
+    if shape(expected) != shape(got):
+        return Comparison(False, math.inf, math.inf,
+                          f"shape differs: expected {len(exp_flat)} element(s), got {len(got_flat)}")
+    lo, hi = bounds
+    outside = [f"[{i}] {_fmt(g)}" if len(got_flat) > 1 else _fmt(g)
+               for i, g in enumerate(got_flat) if not (math.isfinite(g) and lo <= g <= hi)]
+    max_diff = max((abs(g - e) for e, g in zip(exp_flat, got_flat)), default=0.0)
+    if outside:
+        return Comparison(False, math.inf, max_diff, f"outside [{_fmt(lo)}, {_fmt(hi)}]: {', '.join(outside)}")
+    return Comparison(True, -math.inf, max_diff, "")
+
+
 def printed_half_unit(value: Any) -> float:
     """Half a unit in the last printed digit, the coarsest over elements.
 

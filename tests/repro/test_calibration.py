@@ -1,0 +1,173 @@
+"""Tolerances from replicates: the spread, the rounding, the descriptive mark, and the check that uses them."""
+
+import json
+import math
+
+import numpy as np
+import pytest
+import yaml
+
+from mistill.cli import main
+from mistill.errors import UserError
+from mistill.repro.calibration import (
+    CalibratedValue,
+    Spread,
+    apply_calibration,
+    calibrate,
+    findings_table,
+    kind_range,
+    measure_spreads,
+    rms_deviation,
+    round_up,
+    write_spreads,
+)
+from mistill.repro.check import FAIL, PASS, run_check
+from mistill.repro.registry import load_registry
+from mistill.repro.tolerance import within_range
+from tests.repro.repro_helpers import commit_all, write_fixture
+
+LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+
+
+def test_rms_deviation_matches_numpy_per_element():
+    golden = [0.5, -0.1]
+    reps = [[0.6, 0.2], [0.4, -0.1], [0.55, -0.4], [0.5, 0.0]]
+    expected = np.sqrt(np.mean((np.array(reps) - np.array(golden)) ** 2, axis=0))
+    assert rms_deviation(golden, reps) == pytest.approx(expected.tolist(), rel=1e-12)
+    # by hand: golden 1, replicates 1.1, 0.9, 1.2 -> sqrt((0.01 + 0.01 + 0.04) / 3) = sqrt(0.02)
+    assert rms_deviation(1.0, [1.1, 0.9, 1.2]) == pytest.approx([math.sqrt(0.02)], rel=1e-12)
+
+
+def test_rms_deviation_refuses_another_shape():
+    with pytest.raises(UserError, match="shape"):
+        rms_deviation([0.1, 0.2], [[0.1]])
+
+
+@pytest.mark.parametrize(("x", "rounded"), [(0.01234, 0.013), (0.5, 0.5), (1234.0, 1300.0), (0.0990001, 0.1),
+                                            (3e-7, 3e-7), (0.0, 0.0), (0.030000000000000002, 0.03)])
+def test_round_up_keeps_two_significant_digits_and_never_rounds_down(x, rounded):
+    assert round_up(x) == pytest.approx(rounded, rel=1e-12)
+    assert round_up(x) >= x * (1 - 1e-12)       # never down, beyond float noise
+
+
+def test_kind_ranges():
+    assert kind_range("p_value", [0.3]) == [0.0, 1.0]
+    assert kind_range("count", [4, 0]) == [0.0, math.inf]
+    assert kind_range("share", [-0.2, 0.4]) == [-1.0, 1.0]
+    assert kind_range("share", [1.1, 1.3]) == [-math.inf, math.inf]    # a ratio (perplexity), not a share
+    assert kind_range("percent", [95.0, 107.0]) == [-math.inf, math.inf]
+
+
+def _spread(key, golden, reps):
+    rms = rms_deviation(golden, reps)
+    return Spread("R-D6", key, golden, {f"r{i}": v for i, v in enumerate(reps)}, rms, max(rms))
+
+
+def test_calibrate_marks_what_a_replicate_can_flip():
+    spreads = [
+        _spread("level", 0.71, [0.70, 0.72, 0.71, 0.715]),          # RMS 0.0075 -> 4x = 0.03: informative
+        _spread("difference", -0.14, [0.05, -0.30, -0.10, 0.0]),    # the sign flips: descriptive
+        _spread("untouched", 0.75, [0.75, 0.75, 0.75, 0.75]),       # no replicate moved it: left alone
+    ]
+    kinds = {("R-D6", s.key): "share" for s in spreads}
+    out = {c.key: c for c in calibrate(spreads, 4.0, kinds)}
+    assert set(out) == {"level", "difference"}
+    assert out["level"] == CalibratedValue("R-D6", "level", round_up(4 * spreads[0].spread), False, None)
+    assert out["level"].tolerance == pytest.approx(0.03)
+    assert out["difference"].descriptive and out["difference"].range == [-1.0, 1.0]
+    # a floor the tolerance does not exceed keeps the present one: a calibration never narrows
+    assert "level" not in {c.key for c in calibrate(spreads, 4.0, kinds, {("R-D6", "level"): 0.05})}
+    assert "level" in {c.key for c in calibrate(spreads, 4.0, kinds, {("R-D6", "level"): 0.02})}
+
+
+def test_within_range_checks_shape_and_bounds_not_value():
+    assert within_range(-0.14, 0.2, (-1.0, 1.0)).passed               # another sign: still produced, in range
+    assert not within_range(-0.14, 1.5, (-1.0, 1.0)).passed
+    assert not within_range(-0.14, float("nan"), (-1.0, 1.0)).passed
+    assert not within_range([0.1, 0.2], [0.1], (-1.0, 1.0)).passed
+
+
+def demo_values(**kv):
+    return {k: {"value": v, "statistic": "share", "artifact": "artifacts/M6"} for k, v in kv.items()}
+
+
+GOLDEN = {"untrained_qwen_own_p2c_k40": 0.71, "qwen_mistill_minus_fp32_vanilla_p2c": -0.14,
+          "teacher_hd002_p2c_k40": 0.746}
+REPLICATES = {"threads-1": (0.66, 0.05), "jitter-1": (0.76, -0.30), "jitter-2": (0.71, -0.10), "seed-1": (0.735, 0.0)}
+
+
+def test_calibration_end_to_end_through_check_and_rebless(git_root, monkeypatch):
+    """Goldens blessed, four replicates measured, tolerances applied: the check then holds a level to
+    4 x its RMS and a flippable difference only to its range, and a re-bless keeps both."""
+    monkeypatch.chdir(git_root)
+    results = git_root / "results"
+    write_fixture(results, "R-D6", demo_values(**GOLDEN), profile="demo")
+    assert main(["repro", "bless", "R-D6", "--profile", "demo", "--results", str(results)]) == 0
+    registry = load_registry(git_root)
+    dirs = []
+    for name, (level, diff) in REPLICATES.items():
+        d = git_root / "artifacts" / "CAL" / name
+        write_fixture(d, "R-D6", demo_values(untrained_qwen_own_p2c_k40=level, qwen_mistill_minus_fp32_vanilla_p2c=diff,
+                                             teacher_hd002_p2c_k40=0.746), profile="demo")
+        (d / "replicate.json").write_text(json.dumps({"perturbation": name}))
+        dirs.append(d)
+    spreads = measure_spreads(registry, "demo", dirs, ("R-D6",))
+    spread_path = git_root / "artifacts" / "CAL" / "spread.json"
+    write_spreads(spread_path, spreads, dirs, 4.0)
+    commit_all(git_root)
+
+    apply_calibration(registry, "demo", spread_path)
+    data = yaml.load((results / "expected" / "demo.yaml").read_text(), Loader=LOADER)
+    entries = data["expected"]["R-D6"]
+    level_tol = round_up(4 * math.sqrt(np.mean((np.array([0.66, 0.76, 0.71, 0.735]) - 0.71) ** 2)))
+    assert level_tol == pytest.approx(0.15)                 # RMS 0.0375, above the class tolerance 0.0355
+    assert entries["untrained_qwen_own_p2c_k40"]["tolerance"]["absolute"] == level_tol
+    assert entries["untrained_qwen_own_p2c_k40"]["tolerance"]["basis"].startswith("calibrated: 4 x")
+    assert "descriptive" not in entries["untrained_qwen_own_p2c_k40"]
+    assert entries["qwen_mistill_minus_fp32_vanilla_p2c"]["descriptive"]["range"] == [-1.0, 1.0]
+    assert "tolerance" not in entries["teacher_hd002_p2c_k40"]
+    assert data["meta"]["calibration"]["spreads_sha256"]
+
+    registry = load_registry(git_root)
+    table = findings_table(registry, "demo", ("R-D6",)).splitlines()
+    assert len(table) == 4                                  # header, rule, the two calibrated values
+    assert f"| R-D6 | `untrained_qwen_own_p2c_k40` | 0.71 | [{0.71 - level_tol:.3g}, {0.71 + level_tol:.3g}] | a finding |" in table
+    assert any("`qwen_mistill_minus_fp32_vanilla_p2c`" in row and "descriptive" in row for row in table)
+
+    def verdicts(**values):
+        write_fixture(results, "R-D6", demo_values(**{**GOLDEN, **values}), profile="demo")
+        return {ln.key: ln.verdict for ln in run_check(load_registry(git_root), "demo", results, ["R-D6"]).lines}
+
+    assert verdicts(qwen_mistill_minus_fp32_vanilla_p2c=0.2)["qwen_mistill_minus_fp32_vanilla_p2c"] == PASS
+    assert verdicts(qwen_mistill_minus_fp32_vanilla_p2c=1.2)["qwen_mistill_minus_fp32_vanilla_p2c"] == FAIL
+    assert verdicts(untrained_qwen_own_p2c_k40=0.71 + level_tol * 0.99)["untrained_qwen_own_p2c_k40"] == PASS
+    assert verdicts(untrained_qwen_own_p2c_k40=0.71 + level_tol * 1.01)["untrained_qwen_own_p2c_k40"] == FAIL
+
+    write_fixture(results, "R-D6", demo_values(**GOLDEN), profile="demo")
+    commit_all(git_root)
+    assert main(["repro", "bless", "R-D6", "--profile", "demo", "--results", str(results)]) == 0
+    kept = load_registry(git_root).expected("demo").values["R-D6"]
+    assert kept["qwen_mistill_minus_fp32_vanilla_p2c"].descriptive == (-1.0, 1.0)
+    assert kept["untrained_qwen_own_p2c_k40"].tolerance.absolute == level_tol
+    assert "descriptive in [-1, 1]" in (git_root / "REGISTRY.md").read_text()
+
+
+def test_apply_refuses_spreads_measured_against_other_goldens(git_root, monkeypatch):
+    monkeypatch.chdir(git_root)
+    results = git_root / "results"
+    write_fixture(results, "R-D6", demo_values(**GOLDEN), profile="demo")
+    main(["repro", "bless", "R-D6", "--profile", "demo", "--results", str(results)])
+    spread_path = git_root / "spread.json"
+    spread_path.write_text(json.dumps({"multiple": 4, "replicates": {"r": "x"}, "values": {"R-D6": {
+        "untrained_qwen_own_p2c_k40": {"golden": 0.5, "replicates": {"r": 0.6}, "rms": [0.1], "spread": 0.1}}}}))
+    commit_all(git_root)
+    with pytest.raises(UserError, match="rerun the calibration"):
+        apply_calibration(load_registry(git_root), "demo", spread_path)
+
+
+def test_descriptive_needs_a_range(git_root):
+    path = git_root / "results" / "expected" / "demo.yaml"
+    path.write_text(yaml.safe_dump({"meta": {"profile": "demo", "blessable": True}, "expected": {"R-D6": {
+        "teacher_hd002_p2c_k40": {"value": 0.7, "kind": "share", "descriptive": {"range": [1, -1]}}}}}))
+    with pytest.raises(UserError, match="descriptive must be"):
+        load_registry(git_root).expected("demo")

@@ -1,0 +1,139 @@
+"""Replicates of the distillation chain: their params, their perturbed students, their workspaces."""
+
+from pathlib import Path
+
+import pytest
+import torch
+import yaml
+from safetensors.torch import load_file, save_file
+
+from mistill.errors import UserError
+from mistill.params import load_all, load_params
+from mistill.repro.replicates import (
+    CalibrationConfig,
+    Replicate,
+    Workspace,
+    check_inputs_not_written,
+    jitter_weights,
+    replicate_params,
+    stage_outs,
+)
+from tests.repro.repro_helpers import REPO
+
+
+@pytest.fixture
+def config() -> CalibrationConfig:
+    return CalibrationConfig.from_params(load_params(REPO / "params.yaml"))
+
+
+def test_the_demo_calibrates_with_four_replicates_of_one_perturbation_each(config):
+    assert [r.name for r in config.replicates] == ["threads-1", "jitter-1", "jitter-2", "seed-1"]
+    assert config.multiple == 4
+    assert config.results == ("R-D1", "R-D2", "R-D5", "R-D6")
+
+
+def test_replicate_params_override_the_active_profile_and_keep_the_alias(tmp_path):
+    data = load_all(REPO / "params.yaml")
+    changed = replicate_params(data, Replicate("r", threads=1, train_seed=3))
+    assert data["profile"]["models"]["threads"] == 2          # the original is untouched
+    path = tmp_path / "params.yaml"
+    path.write_text(yaml.safe_dump(changed, sort_keys=False))
+    active = load_params(path)
+    assert active["profile"] == "demo"
+    assert active["models"]["threads"] == 1 and active["distill"]["seeds"] == [3]
+    loaded = load_all(path)
+    assert loaded["profile"] is loaded["demo"]                  # written as an anchor and its alias
+
+
+def test_jitter_weights_moves_float_tensors_by_the_scale_and_is_seeded(tmp_path):
+    src, a, b, c = (tmp_path / n for n in ("src", "a", "b", "c"))
+    src.mkdir()
+    torch.manual_seed(0)
+    tensors = {"w": torch.randn(64, 64), "ids": torch.arange(10)}
+    save_file(tensors, str(src / "model.safetensors"), metadata={"format": "pt"})
+    (src / "config.json").write_text("{}")
+    assert jitter_weights(src, a, 1e-3, seed=1) == 1
+    jitter_weights(src, b, 1e-3, seed=1)
+    jitter_weights(src, c, 1e-3, seed=2)
+    wa, wb, wc = (load_file(str(d / "model.safetensors")) for d in (a, b, c))
+    rel = (wa["w"] - tensors["w"]) / tensors["w"]
+    assert 0.8e-3 < rel.double().std().item() < 1.2e-3           # 1 + 1e-3 N(0, 1)
+    assert torch.equal(wa["w"], wb["w"]) and not torch.equal(wa["w"], wc["w"])
+    assert torch.equal(wa["ids"], tensors["ids"])                  # integers are never perturbed
+    assert (a / "config.json").exists()
+
+
+def test_no_replicate_stage_may_write_a_hard_linked_input(config):
+    outs = stage_outs(REPO, config.stages)
+    check_inputs_not_written(config, outs)                         # the demo's configuration is safe
+    with pytest.raises(UserError, match="hard-linked input artifacts/TR-008"):
+        check_inputs_not_written(config, {**outs, "X": ["artifacts/TR-008/events"]})
+
+
+def test_config_errors_name_the_field():
+    params = load_params(REPO / "params.yaml")
+    params["calibration"] = {**params["calibration"], "replicates": {"bad": {"thread": 1}}}
+    with pytest.raises(UserError, match="unknown field.*thread"):
+        CalibrationConfig.from_params(params)
+    params["calibration"]["replicates"] = {"bad": {"threads": 0}}
+    with pytest.raises(UserError, match="threads >= 1"):
+        CalibrationConfig.from_params(params)
+
+
+def test_a_workspace_links_inputs_copies_students_and_runs_dvc(tmp_path):
+    """A replicate workspace on a miniature repository: inputs are hard links (same inode), the
+    perturbed student is a new file, params carry the override, and DVC runs a stage there."""
+    repo = tmp_path / "repo"
+    (repo / "artifacts" / "data").mkdir(parents=True)
+    (repo / "artifacts" / "data" / "notes.jsonl").write_text('{"id": 1}\n')
+    for role in ("teacher", "student-qwen"):
+        (repo / "models" / "demo" / role).mkdir(parents=True)
+        save_file({"w": torch.ones(4)}, str(repo / "models" / "demo" / role / "model.safetensors"))
+    (repo / "dvc.yaml").write_text("stages:\n  COUNT:\n    cmd: wc -l artifacts/data/notes.jsonl > count.txt\n"
+                                   "    deps: [artifacts/data/notes.jsonl]\n    params: [profile.models.threads]\n"
+                                   "    outs: [count.txt]\n")
+    data = {"demo": {"name": "demo", "models": {"dir": "models/demo", "threads": 2}, "distill": {"seeds": [0]}}}
+    data["profile"] = data["demo"]
+    config = CalibrationConfig(scratch=Path("scratch"), out=Path("out"), inputs=("artifacts/data",),
+                               stages=("COUNT",), results=(), multiple=4.0, replicates=())
+    ws = Workspace(repo / "scratch" / "j", Replicate("j", threads=1, weight_jitter=1e-3, jitter_seed=0))
+    ws.build(repo, data, config)
+    linked = ws.root / "artifacts" / "data" / "notes.jsonl"
+    assert linked.stat().st_ino == (repo / "artifacts" / "data" / "notes.jsonl").stat().st_ino
+    teacher = ws.root / "models" / "demo" / "teacher" / "model.safetensors"
+    assert teacher.stat().st_ino == (repo / "models" / "demo" / "teacher" / "model.safetensors").stat().st_ino
+    student = load_file(str(ws.root / "models" / "demo" / "student-qwen" / "model.safetensors"))["w"]
+    assert not torch.equal(student, torch.ones(4))
+    assert load_params(ws.root / "params.yaml")["models"]["threads"] == 1
+    ws.run_stages(config.stages, log=lambda line: None)
+    assert (ws.root / "count.txt").read_text().split()[0] == "1"
+
+
+def test_the_held_out_replicate_emulates_a_cpu_without_amx(config):
+    (held,) = config.held_out
+    assert dict(held.env) == {"ONEDNN_MAX_CPU_ISA": "AVX512_CORE_VNNI", "MKL_ENABLE_INSTRUCTIONS": "AVX512"}
+    assert "ONEDNN_MAX_CPU_ISA=AVX512_CORE_VNNI" in held.describe()
+
+
+def test_replicate_names_are_distinct_across_replicates_and_held_out():
+    params = load_params(REPO / "params.yaml")
+    params["calibration"] = {**params["calibration"], "held_out": {"seed-1": {"env": {"X": "1"}}}}
+    with pytest.raises(UserError, match="distinct names"):
+        CalibrationConfig.from_params(params)
+    params["calibration"]["held_out"] = {"h": {"env": ["X=1"]}}
+    with pytest.raises(UserError, match="env: a mapping"):
+        CalibrationConfig.from_params(params)
+
+
+def test_a_workspace_passes_its_environment_to_the_stage_commands(tmp_path):
+    repo = tmp_path / "repo"
+    (repo / "models" / "demo").mkdir(parents=True)
+    (repo / "dvc.yaml").write_text("stages:\n  ENV:\n    cmd: echo $MISTILL_PROBE > probe.txt\n    outs: [probe.txt]\n")
+    data = {"demo": {"name": "demo", "models": {"dir": "models/demo", "threads": 2}, "distill": {"seeds": [0]}}}
+    data["profile"] = data["demo"]
+    config = CalibrationConfig(scratch=Path("s"), out=Path("o"), inputs=(), stages=("ENV",), results=(),
+                               multiple=4.0, replicates=())
+    ws = Workspace(repo / "s" / "e", Replicate("e", env=(("MISTILL_PROBE", "avx512"),)))
+    ws.build(repo, data, config)
+    ws.run_stages(config.stages, log=lambda line: None)
+    assert (ws.root / "probe.txt").read_text().strip() == "avx512"
