@@ -6,9 +6,10 @@ import pytest
 import torch
 from transformers.generation.logits_process import TemperatureLogitsWarper, TopKLogitsWarper, TopPLogitsWarper
 
-from mistill.evaluate.generate_commands import filter_logits, note_seed, sample_batch
+from mistill.evaluate.generate_commands import note_seed
 from mistill.models.architectures import TinyArchitecture, build_model
 from mistill.models.generation import Decoding, generate
+from mistill.models.sampling import filter_logits, sample_rows
 from mistill.models.tokenizers import CompactTokenizer, build_remap, qwen3_tokenizer
 
 ARCH = {"family": "qwen3", "hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4,
@@ -52,20 +53,30 @@ def test_note_seed_is_stable_and_per_note():
     assert 0 <= note_seed(2 ** 40, "x") < 2 ** 31
 
 
-def test_single_row_equals_transformers_generate(model_and_tokenizer):
+@pytest.mark.parametrize("seed", [7, 8, 9])
+def test_single_row_equals_transformers_generate(model_and_tokenizer, seed):
+    """A lone row draws from its generator as transformers' sampling draws from the global one."""
     model, tok = model_and_tokenizer
-    decoding = Decoding(max_new_tokens=16)
-    (ours,) = sample_batch(model, tok, ["code N18.3 chronic"], [7], decoding)
-    (ref,) = generate((model, tok), ["code N18.3 chronic"], seeds=[7], max_new_tokens=16)
-    assert ours["completion"] == ref.completion and ours["n_new_tokens"] == ref.n_new_tokens
+    decoding = Decoding(max_new_tokens=48)
+    prompt_ids = tok.encode(tok.chat_prompt("code N18.3 chronic")).ids
+    torch.manual_seed(seed)
+    with torch.no_grad():
+        ref = model.generate(input_ids=torch.tensor([prompt_ids]), attention_mask=torch.ones(1, len(prompt_ids),
+                             dtype=torch.long), do_sample=True, temperature=decoding.temperature,
+                             top_p=decoding.top_p, top_k=decoding.top_k, max_new_tokens=decoding.max_new_tokens,
+                             eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id)
+    (ours,) = sample_rows(model, tok, ["code N18.3 chronic"], [seed], decoding)
+    assert ours == ref[0, len(prompt_ids):].tolist()
 
 
 def test_rows_do_not_depend_on_batch_composition(model_and_tokenizer):
     model, tok = model_and_tokenizer
-    decoding = Decoding(max_new_tokens=16)
-    prompts = ["code N18.3", "code chronic kidney disease N18.3 disease"]  # different lengths: left padding
-    batch = sample_batch(model, tok, prompts, [1, 2], decoding)
-    alone = [sample_batch(model, tok, [p], [s], decoding)[0] for p, s in zip(prompts, [1, 2])]
-    assert batch == alone
-    other_seed = sample_batch(model, tok, prompts[:1], [3], decoding)[0]
-    assert other_seed["completion"] != alone[0]["completion"]
+    decoding = Decoding(max_new_tokens=24)
+    prompts = ["code N18.3", "code chronic kidney disease N18.3 disease", "N18.3", "kidney disease code"]
+    seeds = [1, 2, 3, 4]
+    together = generate((model, tok), prompts, seeds=seeds, decoding=decoding, batch_size=4)
+    alone = generate((model, tok), prompts, seeds=seeds, decoding=decoding, batch_size=1)
+    pairs = generate((model, tok), prompts[::-1], seeds=seeds[::-1], decoding=decoding, batch_size=2)[::-1]
+    assert together == alone == pairs                   # left padding, neighbours and order change nothing
+    other_seed = generate((model, tok), prompts[:1], seeds=[5], decoding=decoding)[0]
+    assert other_seed.completion != alone[0].completion

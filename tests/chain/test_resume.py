@@ -121,6 +121,10 @@ def kill_after(root: Path, target: Path, notes: int) -> None:
 
 def test_killed_trace_stage_resumes_under_dvc_repro(tmp_path, monkeypatch):
     root = write_project(tmp_path / "project", ["TR-006"])
+    # batches of 2 notes, so a kill can land between batches; the reference run below samples all
+    # six in one batch and must still write the same bytes (rows keep their own seeds' streams)
+    dvc_yaml = root / "dvc.yaml"
+    dvc_yaml.write_text(dvc_yaml.read_text().replace("--set TR-006", "--set TR-006 --batch 2"))
     reference = tmp_path / "reference"
     shutil.copytree(root, reference, ignore=shutil.ignore_patterns(".dvc", "dvc.yaml"))
     traces = root / "artifacts" / "TR-006" / "traces.jsonl"

@@ -6,10 +6,8 @@ per-note seed independent of the training seed (App. J.5: "a per-note seed"):
     seed(note) = seeds.decoding + crc32(note_id) mod 2^31
 
 so a note's seed does not depend on which other notes are generated or in what order. Notes are
-decoded in left-padded batches (a CPU-sized tiny student spends its time in per-step overhead);
-each row samples from its own `torch.Generator` seeded with its note's seed, so batching does not
-couple the rows' randomness. Sampling follows transformers' order: logits / temperature, top-k,
-top-p (the smallest set of tokens whose probability reaches top_p), then one draw. The
+decoded in left-padded batches, each row from its own seeded generator
+(`mistill.models.sampling`), so batching does not couple the rows' randomness. The
 records have the trace format of TR-008 (`note_id, prompt, completion, valid, hit_cap,
 degenerate, answer, n_new_tokens, seed, decoding, model`), which `mistill evaluate task` and
 `fidelity --generations` read. The pass is resumable per note, under `dvc repro` too
@@ -32,80 +30,12 @@ def note_seed(base_seed: int, note_id: str) -> int:
     return (int(base_seed) + zlib.crc32(note_id.encode("utf-8"))) % (2 ** 31)
 
 
-def filter_logits(logits, temperature: float, top_k: int, top_p: float):
-    """Logits after temperature, top-k and top-p (nucleus) filtering; filtered entries are -inf."""
-    import torch
-
-    logits = logits / temperature
-    k = min(int(top_k), logits.shape[-1])
-    kth = torch.topk(logits, k, dim=-1).values[..., -1:]
-    logits = logits.masked_fill(logits < kth, float("-inf"))
-    sorted_logits, order = torch.sort(logits, dim=-1, descending=False)
-    cumulative = sorted_logits.softmax(dim=-1).cumsum(dim=-1)
-    drop_sorted = cumulative <= 1 - top_p
-    drop_sorted[..., -1] = False  # keep at least the most likely token
-    drop = drop_sorted.scatter(-1, order, drop_sorted)
-    return logits.masked_fill(drop, float("-inf"))
-
-
-def sample_batch(model, tokenizer, prompts: list[str], seeds: list[int], decoding) -> list[dict]:
-    """Sample one completion per prompt, row i from a generator seeded with seeds[i].
-
-    Returns {"completion", "n_new_tokens", "hit_cap"} per prompt, with the semantics of
-    `mistill.models.generation.Generation` (end-of-turn token counted, not decoded).
-    """
-    import torch
-    from transformers import DynamicCache
-
-    device = next(model.parameters()).device
-    encoded = [tokenizer.encode(tokenizer.chat_prompt(p)).ids for p in prompts]
-    width = max(len(ids) for ids in encoded)
-    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
-    input_ids = torch.tensor([[pad] * (width - len(ids)) + ids for ids in encoded], device=device)
-    mask = torch.tensor([[0] * (width - len(ids)) + [1] * len(ids) for ids in encoded], device=device)
-    generators = [torch.Generator(device=device).manual_seed(int(s)) for s in seeds]
-    eos = tokenizer.eos_token_id
-    new: list[list[int]] = [[] for _ in prompts]
-    finished = [False] * len(prompts)
-    cache = DynamicCache()
-    step_ids = input_ids
-    with torch.no_grad():
-        for _ in range(decoding.max_new_tokens):
-            positions = (mask.cumsum(-1) - 1).clamp(min=0)[:, -step_ids.shape[1]:]
-            out = model(input_ids=step_ids, attention_mask=mask, position_ids=positions, past_key_values=cache,
-                        use_cache=True)
-            cache = out.past_key_values
-            logits = filter_logits(out.logits[:, -1, :].float(), decoding.temperature, decoding.top_k,
-                                   decoding.top_p)
-            probs = logits.softmax(-1)
-            nxt = []
-            for i, gen in enumerate(generators):
-                if finished[i]:
-                    nxt.append(pad)
-                    continue
-                token = int(torch.multinomial(probs[i], 1, generator=gen))
-                new[i].append(token)
-                finished[i] = token == eos
-                nxt.append(token)
-            if all(finished):
-                break
-            step_ids = torch.tensor([nxt], device=device).T
-            # the fed token of a finished row is padding: masked out of every later step
-            mask = torch.cat([mask, torch.tensor([[0] if f else [1] for f in finished], device=device)], dim=1)
-    results = []
-    for ids in new:
-        closed = bool(ids) and ids[-1] == eos
-        results.append({"completion": tokenizer.decode(ids[:-1] if closed else ids), "n_new_tokens": len(ids),
-                        "hit_cap": not closed})
-    return results
-
-
 def cmd_generate(args) -> int:
     from tqdm import tqdm
 
     from mistill.io import provenance, write_json
     from mistill.models.fingerprint import model_fingerprint
-    from mistill.models.generation import Decoding
+    from mistill.models.generation import Decoding, generate
     from mistill.models.loading import ModelSpec, load_model, set_threads
     from mistill.models.trace_rows import ResumableRows, input_key
     from mistill.models.world_files import SHORTLIST, load_world
@@ -148,7 +78,8 @@ def cmd_generate(args) -> int:
             sample = lambda ps, ss: [g.as_dict() for g in engine.generate(ps, ss, decoding)]
         else:
             model, tokenizer = load_model(model_spec)
-            sample = lambda ps, ss: sample_batch(model.eval(), tokenizer, ps, ss, decoding)
+            sample = lambda ps, ss: [g.as_dict() for g in generate((model, tokenizer), ps, seeds=ss, decoding=decoding,
+                                                                   batch_size=len(ps))]
         batches = [todo[i:i + int(args.batch)] for i in range(0, len(todo), int(args.batch))]
         with rows:
             for group in tqdm(batches, desc=f"generate {out.parent.name}", unit="batch"):

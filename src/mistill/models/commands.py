@@ -341,7 +341,8 @@ def cmd_traces(args) -> int:
     set_threads(section)
     backend = section.get("generation_backend", "transformers")
     device = _device(args.device or section.get("device")) if backend == "transformers" else "vllm"
-    run = run_trace_set(params, args.set, spec=args.model or section["teacher"], device=device, limit=args.limit)
+    run = run_trace_set(params, args.set, spec=args.model or section["teacher"], device=device, limit=args.limit,
+                        batch=args.batch)
     # where and how fast: uncached and undeclared, so the hashed outputs are the same on every machine
     write_json(run.path.with_name("timing.json"), {
         "seconds": round(time.perf_counter() - start, 1), "computed": run.computed, "reused": run.reused,
@@ -379,4 +380,6 @@ def register(subparsers) -> None:
     sub.add_argument("--model", help="model id or directory (default: params models.teacher)")
     sub.add_argument("--device", help="cpu, cuda or auto (default: params models.device)")
     sub.add_argument("--limit", type=int, help="only the first N notes (smoke runs)")
+    sub.add_argument("--batch", type=int, default=16,
+                     help="notes sampled together by the transformers backend (each keeps its own seed's stream)")
     sub.set_defaults(func=cmd_traces)

@@ -155,8 +155,12 @@ class TraceRun:
 
 
 def run_trace_set(params: dict[str, Any], trace_set: str, *, spec: str, device: str,
-                  limit: int | None = None) -> TraceRun:
-    """One trace set's records (generated, or kept per note under the same input key) and its summary."""
+                  limit: int | None = None, batch: int = 16) -> TraceRun:
+    """One trace set's records (generated, or kept per note under the same input key) and its summary.
+
+    The transformers backend samples `batch` notes of similar prompt length together (each note
+    keeps its own seed's stream, so its trace does not depend on the batch); a batch's records are
+    written as it finishes, so a killed run resumes after the last finished batch."""
     from tqdm import tqdm
 
     from mistill.io import provenance, write_json
@@ -190,12 +194,17 @@ def run_trace_set(params: dict[str, Any], trace_set: str, *, spec: str, device: 
     todo = [n for n in notes if n.note_id in todo_ids]
     if todo:
         runner = load_model(model_spec, device=device) if backend == "transformers" else model_spec
-        pending = [todo] if backend == "vllm" else [[n] for n in todo]
-        with rows:
-            for group in tqdm(pending, desc=trace_set, unit="note", disable=backend == "vllm"):
+        if backend == "vllm":
+            pending = [todo]
+        else:
+            by_length = sorted(todo, key=lambda n: len(prompts[n.note_id]))
+            pending = [by_length[i:i + batch] for i in range(0, len(by_length), batch)]
+        with rows, tqdm(total=len(todo), desc=trace_set, unit="note", disable=backend == "vllm") as bar:
+            for group in pending:
                 generations = generate(runner, [prompts[n.note_id] for n in group], seeds=[base_seed] * len(group),
                                        backend=backend, engine=EngineSettings.from_params(section, model_spec.name),
-                                       decoding=decoding)
+                                       decoding=decoding, batch_size=len(group))
+                bar.update(len(group))
                 for note, gen in zip(group, generations):
                     parsed = parse_answer(gen.completion, world.inventory, hit_cap=gen.hit_cap)
                     rows.add({
