@@ -137,3 +137,14 @@ def test_a_workspace_passes_its_environment_to_the_stage_commands(tmp_path):
     ws.build(repo, data, config)
     ws.run_stages(config.stages, log=lambda line: None)
     assert (ws.root / "probe.txt").read_text().strip() == "avx512"
+
+
+def test_the_paper_profile_has_no_replicates_to_run():
+    """Its expected values are the paper's printed ones; `calibrate run` says so instead of running."""
+    from mistill.repro.replicates import run_replicates
+
+    paper = CalibrationConfig.from_params(load_params(REPO / "params.yaml", profile="paper"))
+    assert paper.replicates == () and paper.stages == CalibrationConfig.from_params(
+        load_params(REPO / "params.yaml")).stages
+    with pytest.raises(UserError, match="no replicates"):
+        run_replicates(REPO, paper)
