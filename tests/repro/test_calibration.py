@@ -78,6 +78,10 @@ def test_calibrate_marks_what_a_replicate_can_flip():
     # a floor the tolerance does not exceed keeps the present one: a calibration never narrows
     assert "level" not in {c.key for c in calibrate(spreads, 4.0, kinds, {("R-D6", "level"): 0.05})}
     assert "level" in {c.key for c in calibrate(spreads, 4.0, kinds, {("R-D6", "level"): 0.02})}
+    # a moved value whose kept (wider) tolerance reaches zero is descriptive all the same
+    small = _spread("small difference", 0.001, [0.002, 0.0, 0.0015, 0.0005])
+    (kept,) = calibrate([small], 4.0, {("R-D6", "small difference"): "share"}, {("R-D6", "small difference"): 0.02})
+    assert kept.tolerance is None and kept.descriptive and kept.range == [-1.0, 1.0]
 
 
 def test_within_range_checks_shape_and_bounds_not_value():

@@ -18,8 +18,8 @@ A calibration never narrows a tolerance: where 4 x RMS is within what the value'
 already allows (a value the replicates barely moved; four replicates can under-state the spread of
 a metric that moves in steps), the class tolerance stays.
 
-A value whose tolerance reaches zero from its golden (``tolerance >= |g_e|`` for some element)
-does not say on another machine what it says here: a difference of arms whose sign a replicate
+A value the replicates move whose tolerance, calibrated or kept, reaches zero from its golden
+(``tolerance >= |g_e|`` for some element) does not say on another machine what it says here: a difference of arms whose sign a replicate
 can flip, a p-value, a count of notes that can be zero. It is marked *descriptive*: the check
 asks only that it is produced and lies in the range its kind allows (shares in [-1, 1] where
 they are shares, p-values in [0, 1], counts >= 0), never for its value. A value no replicate
@@ -140,7 +140,7 @@ def kind_range(kind: str, values: list[float]) -> list[float]:
 class CalibratedValue:
     result_id: str
     key: str
-    tolerance: float
+    tolerance: float | None        # None: the present (class) tolerance stays, being the wider
     descriptive: bool
     range: list[float] | None
 
@@ -152,11 +152,15 @@ def calibrate(spreads: list[Spread], multiple: float, kinds: dict[tuple[str, str
     out = []
     floors = floors or {}
     for s in spreads:
-        tol = round_up(multiple * s.spread)
-        if tol == 0 or tol <= floors.get((s.result_id, s.key), 0.0):
+        if s.spread == 0:
             continue
+        measured = round_up(multiple * s.spread)
+        floor = floors.get((s.result_id, s.key), 0.0)
+        tol = measured if measured > floor else None
         golden = flatten(s.golden) or []
-        descriptive = any(tol >= abs(g) for g in golden)
+        descriptive = any(max(measured, floor) >= abs(g) for g in golden)
+        if tol is None and not descriptive:
+            continue
         seen = golden + [x for v in s.replicates.values() for x in (flatten(v) or [])]
         out.append(CalibratedValue(s.result_id, s.key, tol, descriptive,
                                    kind_range(kinds[(s.result_id, s.key)], seen) if descriptive else None))
@@ -200,11 +204,12 @@ def apply_calibration(registry: Registry, profile: str, spread_path: Path) -> li
         entry = data["expected"][c.result_id][c.key]
         if str((entry.get("tolerance") or {}).get("basis", "")).startswith("invariant"):
             continue
-        entry["tolerance"] = {"absolute": c.tolerance, "basis": basis}
+        if c.tolerance is not None:
+            entry["tolerance"] = {"absolute": c.tolerance, "basis": basis}
         entry.pop("descriptive", None)
         if c.descriptive:
-            entry["descriptive"] = {"range": c.range, "why": f"tolerance {c.tolerance:g} reaches zero from the "
-                                    "golden: what this value says can change on another machine"}
+            entry["descriptive"] = {"range": c.range, "why": "its replicates move it and its tolerance reaches "
+                                    "zero from the golden: what it says can change on another machine"}
     data.setdefault("meta", {})["calibration"] = {
         "spreads": str(spread_path), "spreads_sha256": file_sha256(spread_path), "code_version": code_version(),
         "machine": f"{platform.node()} ({platform.machine()}, {os.cpu_count()} CPUs)",
@@ -261,9 +266,11 @@ def cmd_apply(args) -> int:
     registry = load_registry()
     calibrated = apply_calibration(registry, params["profile"], args.spreads or config.out / SPREAD_FILE)
     for c in calibrated:
-        print(f"{c.result_id}.{c.key}: ±{c.tolerance:g}" + (f", descriptive in {c.range}" if c.descriptive else ""))
+        tol = f"±{c.tolerance:g}" if c.tolerance is not None else "class tolerance kept"
+        print(f"{c.result_id}.{c.key}: {tol}" + (f", descriptive in {c.range}" if c.descriptive else ""))
     descriptive = sum(c.descriptive for c in calibrated)
-    print(f"calibrated {len(calibrated)} values ({descriptive} descriptive) in "
+    print(f"calibrated {sum(c.tolerance is not None for c in calibrated)} tolerances, {descriptive} values "
+          f"descriptive in "
           f"results/expected/{params['profile']}.yaml")
     failed = False
     for rep in config.held_out:     # the test of the tolerances: a perturbation they were not measured on
@@ -292,16 +299,16 @@ README_END = "<!-- calibrated-findings:end -->"
 
 
 def findings_table(registry: Registry, profile: str, results: tuple[str, ...]) -> str:
-    """Markdown: every calibrated value of `results`, its golden, its replicate interval
-    (golden ± calibrated tolerance) and whether the demo shows it as a finding or only descriptively."""
+    """Markdown: every calibrated or descriptive value of `results`, its golden, its interval (golden
+    ± its tolerance) and whether the demo shows it as a finding or only descriptively."""
     rows = ["| result | value | golden | replicate interval | the demo shows |", "|---|---|---:|---|---|"]
     for rid in results:
         for key, exp in registry.expected(profile).values.get(rid, {}).items():
-            if not exp.tolerance.basis.startswith(CALIBRATED):
+            if not exp.tolerance.basis.startswith(CALIBRATED) and exp.descriptive is None:
                 continue
-            tol = exp.tolerance.absolute
             golden = flatten(exp.value) or []
-            interval = "; ".join(f"[{g - tol:.3g}, {g + tol:.3g}]" for g in golden)
+            interval = "; ".join(f"[{g - exp.tolerance.allowed(g):.3g}, {g + exp.tolerance.allowed(g):.3g}]"
+                                 for g in golden)
             shown = "descriptive (the interval reaches zero)" if exp.descriptive is not None else "a finding"
             value = ", ".join(f"{g:.3g}" for g in golden)
             rows.append(f"| {rid} | `{key}` | {value} | {interval} | {shown} |")

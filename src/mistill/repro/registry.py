@@ -83,7 +83,7 @@ class Expected:
         if self.descriptive is None:
             return self.tolerance.describe()
         lo, hi = (f"{b:g}" for b in self.descriptive)
-        return f"descriptive in [{lo}, {hi}] (replicates ±{self.tolerance.describe().lstrip('±')})"
+        return f"descriptive in [{lo}, {hi}] (tolerance {self.tolerance.describe()})"
 
 
 @dataclass(frozen=True)
