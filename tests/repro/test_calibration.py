@@ -135,7 +135,7 @@ def test_calibration_end_to_end_through_check_and_rebless(git_root, monkeypatch)
     registry = load_registry(git_root)
     table = findings_table(registry, "demo", ("R-D6",)).splitlines()
     assert len(table) == 4                                  # header, rule, the two calibrated values
-    assert f"| R-D6 | `untrained_qwen_own_p2c_k40` | 0.71 | [{0.71 - level_tol:.3g}, {0.71 + level_tol:.3g}] | a finding |" in table
+    assert f"| R-D6 | `untrained_qwen_own_p2c_k40` | 0.71 | [{0.71 - level_tol:.3g}, {0.71 + level_tol:.3g}] | a finding (the interval excludes zero) |" in table
     assert any("`qwen_mistill_minus_fp32_vanilla_p2c`" in row and "descriptive" in row for row in table)
 
     def verdicts(**values):

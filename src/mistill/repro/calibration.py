@@ -301,7 +301,7 @@ README_END = "<!-- calibrated-findings:end -->"
 def findings_table(registry: Registry, profile: str, results: tuple[str, ...]) -> str:
     """Markdown: every calibrated or descriptive value of `results`, its golden, its interval (golden
     ± its tolerance) and whether the demo shows it as a finding or only descriptively."""
-    rows = ["| result | value | golden | replicate interval | the demo shows |", "|---|---|---:|---|---|"]
+    rows = ["| result | value | golden | golden ± tolerance | the demo shows |", "|---|---|---:|---|---|"]
     for rid in results:
         for key, exp in registry.expected(profile).values.get(rid, {}).items():
             if not exp.tolerance.basis.startswith(CALIBRATED) and exp.descriptive is None:
@@ -309,7 +309,8 @@ def findings_table(registry: Registry, profile: str, results: tuple[str, ...]) -
             golden = flatten(exp.value) or []
             interval = "; ".join(f"[{g - exp.tolerance.allowed(g):.3g}, {g + exp.tolerance.allowed(g):.3g}]"
                                  for g in golden)
-            shown = "descriptive (the interval reaches zero)" if exp.descriptive is not None else "a finding"
+            shown = ("descriptive (the interval reaches zero)" if exp.descriptive is not None
+                     else "a finding (the interval excludes zero)")
             value = ", ".join(f"{g:.3g}" for g in golden)
             rows.append(f"| {rid} | `{key}` | {value} | {interval} | {shown} |")
     return "\n".join(rows)
