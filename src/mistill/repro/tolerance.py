@@ -116,14 +116,23 @@ def shape(value: Any) -> Any:
     return None
 
 
-def compare(expected: Any, got: Any, tol: Tolerance) -> Comparison:
-    """Compare elementwise; a shape mismatch is a breach."""
+def _paired(expected: Any, got: Any) -> tuple[list[float], list[float], Comparison | None]:
+    """Both values' numbers in order, or the breach that makes them incomparable (not numbers, or
+    of another shape)."""
     exp_flat, got_flat = flatten(expected), flatten(got)
     if exp_flat is None or got_flat is None:
-        return Comparison(False, math.inf, math.inf, "not a number or list of numbers")
+        return [], [], Comparison(False, math.inf, math.inf, "not a number or list of numbers")
     if shape(expected) != shape(got):
-        return Comparison(False, math.inf, math.inf,
-                          f"shape differs: expected {len(exp_flat)} element(s), got {len(got_flat)}")
+        return [], [], Comparison(False, math.inf, math.inf,
+                                  f"shape differs: expected {len(exp_flat)} element(s), got {len(got_flat)}")
+    return exp_flat, got_flat, None
+
+
+def compare(expected: Any, got: Any, tol: Tolerance) -> Comparison:
+    """Compare elementwise; a shape mismatch is a breach."""
+    exp_flat, got_flat, mismatch = _paired(expected, got)
+    if mismatch is not None:
+        return mismatch
     if tol.interval is not None and len(exp_flat) != 1:
         return Comparison(False, math.inf, math.inf, "an interval tolerance applies to scalars only")
     breaches: list[str] = []
@@ -150,12 +159,9 @@ def compare(expected: Any, got: Any, tol: Tolerance) -> Comparison:
 
 def within_range(expected: Any, got: Any, bounds: tuple[float, float]) -> Comparison:
     """A descriptive value: of the expected value's shape, finite, every element in [lo, hi]."""
-    exp_flat, got_flat = flatten(expected), flatten(got)
-    if exp_flat is None or got_flat is None:
-        return Comparison(False, math.inf, math.inf, "not a number or list of numbers")
-    if shape(expected) != shape(got):
-        return Comparison(False, math.inf, math.inf,
-                          f"shape differs: expected {len(exp_flat)} element(s), got {len(got_flat)}")
+    exp_flat, got_flat, mismatch = _paired(expected, got)
+    if mismatch is not None:
+        return mismatch
     lo, hi = bounds
     outside = [f"[{i}] {_fmt(g)}" if len(got_flat) > 1 else _fmt(g)
                for i, g in enumerate(got_flat) if not (math.isfinite(g) and lo <= g <= hi)]
