@@ -4,7 +4,8 @@ For each result the check runs on a numbers file whose values all sit at the edg
 element, both directions: all pass), then on files where one element of every value sits just beyond it
 (each element position, both directions: exactly those values fail, naming the element).  An invariant is
 checked by its invariant (its expected value is the invariant, its tolerance its own); an interval by its
-bounds; an exact count one unit off; a list element by element.
+bounds; a descriptive value (the calibration's mark) by its range, where a bound is finite; an exact count one
+unit off; a list element by element.
 """
 
 import math
@@ -24,6 +25,12 @@ UP, DOWN = 1, -1
 def edge(expected: float, exp: Expected, direction: int, *, beyond: bool) -> float:
     """The element at the edge of its tolerance (`beyond`: the nearest value past it) in `direction`."""
     tol = exp.tolerance
+    if exp.descriptive is not None:
+        # a descriptive value is held to its kind's range: an infinite bound has no beyond
+        bound = exp.descriptive[1] if direction == UP else exp.descriptive[0]
+        if math.isinf(bound):
+            return expected + direction * 1e3 * max(abs(expected), 1.0)
+        return bound + direction * _nudge(bound, 0.0) if beyond else bound
     if tol.interval is not None:
         bound = tol.interval[1] if direction == UP else tol.interval[0]
         return bound + direction * _nudge(bound, 0.0) if beyond else bound
@@ -80,11 +87,15 @@ def test_every_value_passes_at_its_edge_and_fails_just_beyond(tmp_path, profile,
             for key, exp in expected.items():
                 size = len(flatten(exp.value))
                 line = lines[key]
-                if element >= size:
+                if element >= size or (exp.descriptive is not None
+                                        and math.isinf(exp.descriptive[direction == UP])):
                     assert line.verdict == PASS, (key, element)
                     continue
                 assert line.verdict == FAIL, (key, element, direction, line.got, line.tolerance)
                 where = f"[{element}] " if size > 1 else ""
+                if exp.descriptive is not None:
+                    assert line.detail.startswith("outside [") and where.strip() in line.detail, (key, line.detail)
+                    continue
                 assert line.detail.startswith(f"{where}off by") and ";" not in line.detail, (key, line.detail)
 
 
