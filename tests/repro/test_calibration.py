@@ -115,12 +115,22 @@ def test_calibration_end_to_end_through_check_and_rebless(git_root, monkeypatch)
                                              teacher_hd002_p2c_k40=0.746), profile="demo")
         (d / "replicate.json").write_text(json.dumps({"perturbation": name}))
         dirs.append(d)
+    # an invariant (tolerance of its own, basis "invariant ...") keeps it, however the replicates move it
+    demo_yaml = results / "expected" / "demo.yaml"
+    data = yaml.load(demo_yaml.read_text(), Loader=LOADER)
+    data["expected"]["R-D6"]["teacher_hd002_p2c_k40"]["tolerance"] = {"absolute": 0.5, "basis": "invariant: test"}
+    demo_yaml.write_text(yaml.safe_dump(data, sort_keys=False))
+    registry = load_registry(git_root)
+    for d in dirs[:2]:
+        values = {k: v["value"] for k, v in json.loads((d / "R-D6.json").read_text())["values"].items()}
+        write_fixture(d, "R-D6", demo_values(**{**values, "teacher_hd002_p2c_k40": 0.9}), profile="demo")
     spreads = measure_spreads(registry, "demo", dirs, ("R-D6",))
     spread_path = git_root / "artifacts" / "CAL" / "spread.json"
     write_spreads(spread_path, spreads, dirs, 4.0)
     commit_all(git_root)
 
-    apply_calibration(registry, "demo", spread_path)
+    applied = apply_calibration(registry, "demo", spread_path)
+    assert {c.key for c in applied} == {"untrained_qwen_own_p2c_k40", "qwen_mistill_minus_fp32_vanilla_p2c"}
     data = yaml.load((results / "expected" / "demo.yaml").read_text(), Loader=LOADER)
     entries = data["expected"]["R-D6"]
     level_tol = round_up(4 * math.sqrt(np.mean((np.array([0.66, 0.76, 0.71, 0.735]) - 0.71) ** 2)))
@@ -129,7 +139,8 @@ def test_calibration_end_to_end_through_check_and_rebless(git_root, monkeypatch)
     assert entries["untrained_qwen_own_p2c_k40"]["tolerance"]["basis"].startswith("calibrated: 4 x")
     assert "descriptive" not in entries["untrained_qwen_own_p2c_k40"]
     assert entries["qwen_mistill_minus_fp32_vanilla_p2c"]["descriptive"]["range"] == [-1.0, 1.0]
-    assert "tolerance" not in entries["teacher_hd002_p2c_k40"]
+    assert entries["teacher_hd002_p2c_k40"]["tolerance"] == {"absolute": 0.5, "basis": "invariant: test"}
+    assert "descriptive" not in entries["teacher_hd002_p2c_k40"]
     assert data["meta"]["calibration"]["spreads_sha256"]
 
     registry = load_registry(git_root)
