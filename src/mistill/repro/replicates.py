@@ -255,11 +255,11 @@ class Workspace:
 def _dvc(args: list[str], cwd: Path, extra_env: dict[str, str] | None = None) -> None:
     """Run `dvc` in a workspace (stage commands inherit `extra_env`); its output goes to the
     workspace's log, a failure names it."""
-    dvc = shutil.which("dvc", path=f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}")
+    path = f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"   # this environment's tools
+    dvc = shutil.which("dvc", path=path)
     if dvc is None:
         raise UserError("calibration needs the `dvc` command (pip install -e '.[dev]')")
-    env = {**os.environ, **(extra_env or {}), "DVC_NO_ANALYTICS": "1",
-           "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"}
+    env = {**os.environ, **(extra_env or {}), "DVC_NO_ANALYTICS": "1", "PATH": path}
     for var in ("DVC_STAGE", "DVC_ROOT"):        # the calibration's own stage is not the replicate's
         env.pop(var, None)
     log_path = cwd / "replicate.log"
