@@ -567,13 +567,11 @@ def main(argv=None) -> int:
 
     clock.wrap(patching_mod, "prefill", "attribution.prefill")  # run_attribution imports it at call time
     clock.wrap(attribution_mod, "attribute_note", "attribution.attribute_note")
-    clock.wrap(attribution_mod, "first_order_importance", "attribution.first_order (fwd+bwd)")
-    clock.wrap(attribution_mod, "exact_importance", "attribution.exact_patches (batched)")
+    clock.wrap(attribution_mod, "first_order_batch", "attribution.first_order (fwd+bwd, batched events)")
+    clock.wrap(attribution_mod, "exact_importance_batch", "attribution.exact_patches (batched events)")
     clock.wrap(knockin_mod, "faithfulness_note", "knockin.faithfulness_note")
     clock.wrap(knockin_mod, "prefill", "knockin.prefill (clean, donor)", before=knockin_phase)
-    clock.wrap(knockin_mod, "forward_variants", "knockin.clean_record (single)")
-    clock.wrap(knockin_mod, "forward_variants_chunked", "knockin.set_batches (necessity, knock-in)")
-    clock.wrap(knockin_mod, "exact_importance", "knockin.p2c_exact_refinement (batched)")
+    clock.wrap(knockin_mod, "run_variants", "knockin.variants (clean + necessity + P2C exact; knock-in)")
 
     stages: dict = {}
 
@@ -644,8 +642,8 @@ def main(argv=None) -> int:
         clock.rows.clear()
         for module, name, label in ((patching_mod, "prefill", "long.prefill"),
                                     (attribution_mod, "attribute_note", "long.attribute_note"),
-                                    (attribution_mod, "first_order_importance", "long.first_order (fwd+bwd)"),
-                                    (attribution_mod, "exact_importance", "long.exact_patches (batched)")):
+                                    (attribution_mod, "first_order_batch", "long.first_order (fwd+bwd)"),
+                                    (attribution_mod, "exact_importance_batch", "long.exact_patches (batched)")):
             clock.wrap(module, name, label)
         long: dict = {"tokens": args.long_tokens}
         try:

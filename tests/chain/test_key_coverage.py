@@ -112,7 +112,7 @@ def _patch_rows(rng, note: str, bins, n_heads_total: int) -> tuple[list[dict], d
         pos = 10 + 7 * e
         clean = rng.uniform(2, 6)
         corr, all_heads = clean - rng.uniform(3, 8), clean + rng.normal(0, 1e-3)
-        row = {"kind": kind, "pos": pos, "target_id": 1, "margin_clean": clean, "margin_clean_batched": clean,
+        row = {"kind": kind, "pos": pos, "target_id": 1, "margin_clean": clean,
                "donor_note": "other", "donor_pos": pos, "margin_corr": corr, "margin_all": all_heads,
                "necessity": {s: {str(k): clean * rng.uniform(-0.5, 1.5) for k in bins} for s in SET_KINDS},
                "knockin": {s: {str(k): corr + (all_heads - corr) * rng.uniform(-0.2, 1.0) for k in bins}

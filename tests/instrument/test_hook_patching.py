@@ -216,3 +216,50 @@ def test_split_attention_on_cuda_bf16_matches_the_fp32_masked_path():
         hook.remove()
     m32, m16 = (margin(r, 5, [7, 11, 13]) for r in results)
     assert (m32 - m16).abs().max() < 0.1  # bf16 rounding only
+
+
+def test_variants_of_different_events_in_one_forward_equal_brute_force(small_model):
+    """Variants at several positions, mixed in forwards of 4 (each sees the cache up to its own
+    position): every one equals the full forward of its prefix, heads replaced or not."""
+    from mistill.instrument.patching import Variants, run_variants
+
+    ids = _ids(6)
+    hook = HeadHook(small_model)
+    try:
+        pre = prefill(small_model, hook, ids)
+        positions = [44, 10, 31, 44, 23, 5, 31, 38, 17]
+        mask = torch.zeros(hook.n_layers, len(positions), hook.n_heads, dtype=torch.bool)
+        for b in range(0, len(positions), 2):  # every other variant ablates one head
+            mask[b % hook.n_layers, b, b % hook.n_heads] = True
+        variants = Variants(positions, [ids[q] for q in positions], mask, pre.mu)
+        assert [variants.positions[b] for chunk in variants.chunks(4) for b in chunk] == sorted(positions,
+                                                                                               reverse=True)
+        out = run_variants(small_model, hook, pre.cache, variants, max_batch=4, record_rows=[1, 4])
+        for b, q in enumerate(positions):
+            brute = brute_force_logits(small_model, hook, ids[:q], ids[q], mask[:, b], pre.mu)
+            assert (out.logits[b] - brute).abs().max() < 1e-5, (b, q)
+        with hook.recording() as rec:
+            small_model(input_ids=torch.tensor([ids[:24]]))
+        # recorded in record_rows' order: variant 1 (at 10, nothing replaced), variant 4 (at 23, one head)
+        assert torch.allclose(out.recorded[0], torch.stack([r[0, 10] for r in rec]), atol=1e-5)
+        kept = mask[:, 4].logical_not()
+        kept[2:] = False  # layer 1 is ablated at variant 4: the heads after it read another residual stream
+        assert torch.allclose(out.recorded[1][kept], torch.stack([r[0, 23] for r in rec])[kept], atol=1e-5)
+        assert torch.equal(out.recorded[1][mask[:, 4]], pre.mu[mask[:, 4]])  # the replaced head holds its mean
+    finally:
+        hook.remove()
+
+
+def test_a_position_above_an_overwritten_one_is_refused(small_model):
+    """Variants write their keys into the cache from their position on: a later forward higher up
+    would read them as the note's, so it is an error, not a wrong number."""
+    ids = _ids(7)
+    hook = HeadHook(small_model)
+    try:
+        pre = prefill(small_model, hook, ids)
+        forward_variants(small_model, hook, pre.cache, 20, ids[20], None, 3)
+        forward_variants(small_model, hook, pre.cache, 12, ids[12], None, 3)  # lower: fine
+        with pytest.raises(RuntimeError, match="overwritten"):
+            forward_variants(small_model, hook, pre.cache, 30, ids[30], None, 1)
+    finally:
+        hook.remove()

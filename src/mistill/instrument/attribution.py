@@ -33,11 +33,37 @@ from mistill.instrument.events import Event, note_rng
 from mistill.instrument.hook import HeadHook, Replacement
 from mistill.instrument.margin import margin, margin_and_entropy
 from mistill.instrument.patching import (
+    Variants,
     crop_to,
+    forward_at,
     forward_variants,
     forward_variants_chunked,
     one_head_per_variant,
+    run_variants,
 )
+
+
+def first_order_batch(model, hook: HeadHook, cache, variants: Variants,
+                      decisions: Sequence[tuple[int, Sequence[int]]], mu: torch.Tensor, mode: str
+                      ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(margins [B], I^fo [B, L, H], d margin / d z [B, L, H, D]) of B variants in ONE forward and backward.
+
+    Variant b's margin is read at decisions[b] = (target id, competitor ids).  The variants see the cache
+    and themselves only, so the gradient of the summed margins at variant b's head outputs is the
+    gradient of variant b's own margin.
+    """
+    crop_to(cache, max(variants.positions))
+    with torch.enable_grad(), hook.gradient_leaves(mode) as leaves:
+        logits = forward_at(model, hook, cache, variants.positions, variants.token_ids,
+                            variants.replacement(range(len(variants))))
+        margins = torch.stack([margin(logits[b], target, competitors)
+                               for b, (target, competitors) in enumerate(decisions)])
+        grads = torch.autograd.grad(margins.sum(), [leaf for _, leaf in leaves])
+    z = torch.stack([value[0] for value, _ in leaves], dim=1)  # [B, L, H, D]
+    g = torch.stack([grad[0] for grad in grads], dim=1)
+    dtype = torch.float64 if z.dtype == torch.float64 else torch.float32
+    importance = ((z.to(dtype) - mu.to(z.device, dtype)) * g.to(dtype)).sum(-1)  # = -A_h
+    return margins.detach().cpu().numpy(), importance.cpu().numpy(), g.to(dtype).cpu().numpy()
 
 
 def first_order_importance(model, hook: HeadHook, cache, q: int, token_id: int, target_id: int,
@@ -45,23 +71,15 @@ def first_order_importance(model, hook: HeadHook, cache, q: int, token_id: int, 
                            replacement: Replacement | None = None) -> tuple[float, np.ndarray]:
     """(margin, I^fo [L, H]) at q from one forward and one backward against the cache cropped to [0, q).
 
-    With `replacement`, the gradient is taken at the replaced head outputs (integrated gradients).
+    With `replacement`, the gradient is taken at the replaced head outputs (integrated gradients)
+    and returned in place of I^fo ([L, H, D]): the caller scales it by its own path.
     """
-    crop_to(cache, q)
-    device = next(model.parameters()).device
-    with torch.enable_grad(), hook.replacing(replacement), hook.gradient_leaves(mode) as leaves:
-        out = model(input_ids=torch.tensor([[int(token_id)]], device=device),
-                    position_ids=torch.tensor([[q]], device=device), past_key_values=cache, use_cache=True)
-        m = margin(out.logits[0, -1], target_id, competitor_ids)
-        grads = torch.autograd.grad(m, [leaf for _, leaf in leaves])
-    crop_to(cache, q)
-    z = torch.stack([value[0, -1] for value, _ in leaves])  # [L, H, D]
-    g = torch.stack([grad[0, -1] for grad in grads])
-    dtype = torch.float64 if z.dtype == torch.float64 else torch.float32
-    if replacement is not None:  # the caller scales the gradient by its own path
-        return float(m.detach()), g.to(dtype).cpu().numpy()
-    importance = ((z.to(dtype) - mu.to(z.device, dtype)) * g.to(dtype)).sum(-1)  # = -A_h
-    return float(m.detach()), importance.cpu().numpy()
+    variants = Variants([q], [token_id])
+    if replacement is not None:
+        variants = Variants([q], [token_id], replacement.mask, replacement.values)
+    margins, importance, gradient = first_order_batch(model, hook, cache, variants, [(target_id, competitor_ids)],
+                                                      mu, mode)
+    return float(margins[0]), (gradient[0] if replacement is not None else importance[0])
 
 
 def integrated_gradients(model, hook: HeadHook, cache, q: int, token_id: int, target_id: int,
@@ -91,6 +109,33 @@ def exact_importance(model, hook: HeadHook, cache, q: int, token_id: int, target
     logits = forward_variants_chunked(model, hook, cache, q, token_id, mask, mu, max_batch)
     margins = margin(logits, target_id, competitor_ids)
     return float(margins[0]), (margins[0] - margins[1:]).cpu().numpy()
+
+
+def exact_importance_batch(model, hook: HeadHook, cache, requests: Sequence[tuple[Event, Sequence[tuple[int, int]]]],
+                           token_ids: Sequence[int], mu: torch.Tensor, max_batch: int
+                           ) -> list[tuple[float, np.ndarray]]:
+    """`exact_importance` of several events of one note, their variants packed into shared forwards.
+
+    requests: (event, heads) pairs; the token at event.pos - 1 is token_ids[event.pos - 1].
+    Returns, per request, (clean margin, I_h of each of its heads).
+    """
+    positions, tokens, masks, spans = [], [], [], []
+    for event, heads in requests:
+        q = event.pos - 1
+        mask = one_head_per_variant(hook.n_layers, hook.n_heads, heads)
+        spans.append((len(positions), len(positions) + mask.shape[1]))
+        positions += [q] * mask.shape[1]
+        tokens += [int(token_ids[q])] * mask.shape[1]
+        masks.append(mask)
+    if not requests:
+        return []
+    logits = run_variants(model, hook, cache, Variants(positions, tokens, torch.cat(masks, dim=1), mu),
+                          max_batch).logits
+    out = []
+    for (event, _), (lo, hi) in zip(requests, spans):
+        margins = margin(logits[lo:hi], event.target_id, event.competitor_ids)
+        out.append((float(margins[0]), (margins[0] - margins[1:]).cpu().numpy()))
+    return out
 
 
 def all_heads(hook: HeadHook) -> list[tuple[int, int]]:
@@ -131,7 +176,7 @@ def nominees(first_order: np.ndarray, k: int, global_top: Sequence[tuple[int, in
 class NoteAttribution:
     kinds: np.ndarray  # [E] str
     positions: np.ndarray  # [E]
-    margin: np.ndarray  # [E] clean margin from the single-token forward
+    margin: np.ndarray  # [E] clean margin, from the first-order forward
     first_order: np.ndarray  # [E, L, H] I^fo
     exact: np.ndarray  # [E, L, H] exact I where patched, NaN elsewhere
 
@@ -149,8 +194,13 @@ class NoteAttribution:
 def attribute_note(model, hook: HeadHook, cache, mu: torch.Tensor, ids: Sequence[int], events: Sequence[Event], *,
                    note_id: str, mode: str, nominees_topk: int, global_top: Sequence[tuple[int, int]],
                    exact_kinds: Sequence[str] = ("P1",), null_exact_share: float = 0.5, seed: int = 0,
-                   max_batch: int = 64, progress=None) -> NoteAttribution:
-    """The attribution pass over one note's events, visited in decreasing position (the cache only crops)."""
+                   max_batch: int = 64) -> NoteAttribution:
+    """The attribution pass over one note's events: first-order at every event, exact patches of the nominees.
+
+    Events share forwards (at most `max_batch` per forward and backward), visited in decreasing
+    position so that the cache only crops; an event's numbers do not depend on its batch mates
+    beyond float rounding.
+    """
     nulls = [i for i, e in enumerate(events) if e.kind == "NULL"]
     rng = note_rng(seed, note_id + ":null-exact")
     exact_null = set(rng.choice(nulls, size=int(round(null_exact_share * len(nulls))), replace=False).tolist()
@@ -159,19 +209,19 @@ def attribute_note(model, hook: HeadHook, cache, mu: torch.Tensor, ids: Sequence
     first = np.zeros((E, L, H), dtype=np.float64)
     exact = np.full((E, L, H), np.nan)
     margins = np.zeros(E)
-    for i in sorted(range(E), key=lambda i: -events[i].pos):
-        ev = events[i]
-        q = ev.pos - 1
-        margins[i], first[i] = first_order_importance(model, hook, cache, q, ids[q], ev.target_id,
-                                                      ev.competitor_ids, mu, mode)
-        if ev.kind in exact_kinds or i in exact_null:
-            heads = nominees(first[i], nominees_topk, global_top)
-            _, effects = exact_importance(model, hook, cache, q, ids[q], ev.target_id, ev.competitor_ids,
-                                          mu, heads, max_batch)
-            for (layer, head), value in zip(heads, effects):
+    variants = Variants([e.pos - 1 for e in events], [int(ids[e.pos - 1]) for e in events])
+    # group by group, highest positions first: a group's exact patches run before the cache is
+    # cropped below it
+    for group in variants.chunks(max_batch):
+        chunk = Variants([variants.positions[i] for i in group], [variants.token_ids[i] for i in group])
+        decisions = [(events[i].target_id, events[i].competitor_ids) for i in group]
+        margins[group], first[group], _ = first_order_batch(model, hook, cache, chunk, decisions, mu, mode)
+        patched = [i for i in group if events[i].kind in exact_kinds or i in exact_null]
+        requests = [(events[i], nominees(first[i], nominees_topk, global_top)) for i in patched]
+        effects = exact_importance_batch(model, hook, cache, requests, ids, mu, max_batch)
+        for i, (_, heads), (_, values) in zip(patched, requests, effects):
+            for (layer, head), value in zip(heads, values):
                 exact[i, layer, head] = value
-        if progress is not None:
-            progress()
     return NoteAttribution(np.array([e.kind for e in events]), np.array([e.pos for e in events]), margins,
                            first, exact)
 

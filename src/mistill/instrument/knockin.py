@@ -16,21 +16,22 @@ clean margin: the same token, position-local MLPs and norms).  An event counts
 only if margin_all - margin_corr >= 1 nat (the range gate).  Sets per bin k:
 the phase's global top-k by I_c, count-matched random heads (redrawn per note
 and bin), the global bottom-k, and the note's own top-k.  Every set variant of
-one event is one token of ONE batched forward against the shared cache.
+one event is one token of a batched forward against the shared cache, beside other events' variants.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
 
 import numpy as np
 import torch
 
-from mistill.instrument.attribution import exact_importance, nominees
+from mistill.instrument.attribution import nominees
 from mistill.instrument.events import DECISION_KINDS, Event, note_rng
 from mistill.instrument.hook import HeadHook
 from mistill.instrument.margin import margin
-from mistill.instrument.patching import forward_variants, forward_variants_chunked, prefill
+from mistill.instrument.patching import Variants, prefill, run_variants
 
 SET_KINDS = ("top", "random", "bottom", "own")
 
@@ -86,7 +87,7 @@ def faithfulness_note(model, hook: HeadHook, *, note_id: str, clean_ids: Sequenc
                       clean_events: Sequence[Event], donor_id: str, donor_ids: Sequence[int],
                       donor_events: Sequence[Event], global_scores: Mapping[str, np.ndarray],
                       own_scores: Mapping[str, np.ndarray | None], bins: Sequence[int], seed: int,
-                      max_batch: int = 64, donor_match: str = "first", progress=None,
+                      max_batch: int = 64, donor_match: str = "first",
                       p2c_first_order: Mapping[int, np.ndarray] | None = None, p2c_nominees_topk: int = 40,
                       p2c_global_top: Sequence[tuple[int, int]] = ()) -> list[dict]:
     """One row per clean decision event: necessity margins in the clean run, knock-in margins in the donor's.
@@ -94,61 +95,101 @@ def faithfulness_note(model, hook: HeadHook, *, note_id: str, clean_ids: Sequenc
     With `p2c_first_order` (pos -> the attribution pass's I^fo [L, H] at that P2C event), each P2C
     event's nominees (top-k by |A_h| plus the global top) are also mean-ablated one at a time:
     the exact P2C refinement of App. D (Table 13).
+
+    Every variant of every event of one run (clean or donor) is one token of a batched forward
+    against that run's cache, at most `max_batch` per forward, several events per forward.
     """
     L, H = hook.n_layers, hook.n_heads
     events = [e for e in clean_events if e.kind in DECISION_KINDS and e.kind in global_scores]
     masks = {phase: head_set_masks(phase=phase, note_id=note_id, bins=bins, global_scores=global_scores[phase],
                                    own_scores=own_scores.get(phase), n_layers=L, n_heads=H, seed=seed)
              for phase in {e.kind for e in events}}
-    rows: list[dict] = []
-    recorded: dict[int, torch.Tensor] = {}
+    keys = {phase: list(m) for phase, m in masks.items()}
+    nothing, everything = torch.zeros(L, H, dtype=torch.bool), torch.ones(L, H, dtype=torch.bool)
+    if not events:
+        return []
 
+    # the clean run: per event, nothing ablated (the clean margin; its head outputs are what the
+    # knock-in writes), each set mean-ablated, and each P2C nominee mean-ablated alone
+    p2c_heads: dict[int, list[tuple[int, int]]] = {}
+    if p2c_first_order is not None:
+        p2c_heads = {i: nominees(p2c_first_order[e.pos], p2c_nominees_topk, p2c_global_top)
+                     for i, e in enumerate(events) if e.kind == "P2C" and e.pos in p2c_first_order}
+    clean_sets = {i: [nothing, *(masks[e.kind][k] for k in keys[e.kind]),
+                      *(_one_head(L, H, h) for h in p2c_heads.get(i, ()))] for i, e in enumerate(events)}
     clean = prefill(model, hook, clean_ids, reserve=max_batch)
-    for i in sorted(range(len(events)), key=lambda i: -events[i].pos):
-        ev, q = events[i], events[i].pos - 1
-        keys = list(masks[ev.kind])
-        with torch.no_grad(), hook.recording() as rec:
-            logits = forward_variants(model, hook, clean.cache, q, clean_ids[q], None, 1)
-        recorded[i] = torch.stack([r[0, 0] for r in rec])  # [L, H, D] at q
-        set_mask = torch.stack([torch.zeros(L, H, dtype=torch.bool)] + [masks[ev.kind][k] for k in keys], dim=1)
-        with torch.no_grad():
-            ablated = forward_variants_chunked(model, hook, clean.cache, q, clean_ids[q], set_mask, clean.mu,
-                                               max_batch)
-        m = margin(ablated, ev.target_id, ev.competitor_ids).tolist()
-        row = {"kind": ev.kind, "pos": ev.pos, "target_id": ev.target_id,
-               "margin_clean": float(margin(logits[0], ev.target_id, ev.competitor_ids)),
-               "margin_clean_batched": m[0], "necessity": _by_set(keys, m[1:]),
-               "donor_note": None, "donor_pos": None}
-        if ev.kind == "P2C" and p2c_first_order is not None and ev.pos in p2c_first_order:
-            first = p2c_first_order[ev.pos]
-            heads = nominees(first, p2c_nominees_topk, p2c_global_top)
-            _, effects = exact_importance(model, hook, clean.cache, q, clean_ids[q], ev.target_id,
-                                          ev.competitor_ids, clean.mu, heads, max_batch)
-            row["p2c_exact"] = {"heads": [layer * H + head for layer, head in heads], "exact": effects.tolist(),
-                                "first_order": [float(first[layer, head]) for layer, head in heads]}
-        rows.append(row)
-        if progress is not None:
-            progress()
+    ablations = EventVariants.build({i: e.pos - 1 for i, e in enumerate(events)}, events, clean_ids, clean_sets)
+    ablations.values = clean.mu
+    run = run_variants(model, hook, clean.cache, ablations, max_batch,
+                       record_rows=[ablations.spans[i][0] for i in range(len(events))])
+    recorded = run.recorded  # [E, L, H, D]: every head's clean output at each event's q
     del clean
+    rows: list[dict] = []
+    for i, ev in enumerate(events):
+        lo, hi = ablations.spans[i]
+        m = margin(run.logits[lo:hi], ev.target_id, ev.competitor_ids)
+        n_sets = len(keys[ev.kind])
+        row = {"kind": ev.kind, "pos": ev.pos, "target_id": ev.target_id, "margin_clean": float(m[0]),
+               "necessity": _by_set(keys[ev.kind], m[1:1 + n_sets].tolist()), "donor_note": None, "donor_pos": None}
+        if i in p2c_heads:
+            first = p2c_first_order[ev.pos]
+            row["p2c_exact"] = {"heads": [layer * H + head for layer, head in p2c_heads[i]],
+                                "exact": (m[0] - m[1 + n_sets:]).tolist(),
+                                "first_order": [float(first[layer, head]) for layer, head in p2c_heads[i]]}
+        rows.append(row)
 
-    order = sorted(range(len(events)), key=lambda i: -events[i].pos)
-    row_of = {i: rows[n] for n, i in enumerate(order)}
+    # the donor's run: the clean token at the matched donor event, nothing / every head / each set
+    # knocked in with the clean run's head outputs
     matches = match_donor_events(events, donor_events, donor_match)
-    donor = prefill(model, hook, donor_ids, reserve=max_batch)
-    for i in sorted((i for i in range(len(events)) if matches[i] is not None),
-                    key=lambda i: -donor_events[matches[i]].pos):  # the donor cache only crops
-        ev, dev = events[i], donor_events[matches[i]]
-        q_c, q_d = ev.pos - 1, dev.pos - 1
-        keys = list(masks[ev.kind])
-        set_mask = torch.stack([torch.zeros(L, H, dtype=torch.bool), torch.ones(L, H, dtype=torch.bool)]
-                               + [masks[ev.kind][k] for k in keys], dim=1)
-        with torch.no_grad():
-            logits = forward_variants_chunked(model, hook, donor.cache, q_d, clean_ids[q_c], set_mask,
-                                              recorded[i], max_batch)
-        m = margin(logits, ev.target_id, ev.competitor_ids).tolist()
-        row_of[i].update(donor_note=donor_id, donor_pos=dev.pos, margin_corr=m[0], margin_all=m[1],
-                         knockin=_by_set(keys, m[2:]))
-    return [row_of[i] for i in range(len(events))]
+    at_donor = {i: donor_events[j].pos - 1 for i, j in enumerate(matches) if j is not None}
+    if at_donor:
+        donor = prefill(model, hook, donor_ids, reserve=max_batch)
+        knock_ins = EventVariants.build(at_donor, events, clean_ids,
+                                        {i: [nothing, everything, *(masks[events[i].kind][k]
+                                                                    for k in keys[events[i].kind])]
+                                         for i in at_donor})
+        knock_ins.values, knock_ins.value_rows = recorded, knock_ins.event_of
+        logits = run_variants(model, hook, donor.cache, knock_ins, max_batch).logits
+        for i, q_d in at_donor.items():
+            ev = events[i]
+            lo, hi = knock_ins.spans[i]
+            m = margin(logits[lo:hi], ev.target_id, ev.competitor_ids).tolist()
+            rows[i].update(donor_note=donor_id, donor_pos=q_d + 1, margin_corr=m[0], margin_all=m[1],
+                           knockin=_by_set(keys[ev.kind], m[2:]))
+    return rows
+
+
+def _one_head(n_layers: int, n_heads: int, head: tuple[int, int]) -> torch.Tensor:
+    mask = torch.zeros(n_layers, n_heads, dtype=torch.bool)
+    mask[head] = True
+    return mask
+
+
+@dataclass
+class EventVariants(Variants):
+    """Variants of several events: the event's clean token once per head set, at a position per event.
+
+    spans[i] is the variant range of event i; event_of[b] the event of variant b.
+    """
+
+    spans: dict[int, tuple[int, int]] = field(default_factory=dict)
+    event_of: list[int] = field(default_factory=list)
+
+    @classmethod
+    def build(cls, positions: Mapping[int, int], events: Sequence[Event], clean_ids: Sequence[int],
+              sets: Mapping[int, Sequence[torch.Tensor]]) -> EventVariants:
+        """positions: event index -> where its variants sit; sets: event index -> [L, H] masks."""
+        out = cls([], [])
+        columns = []
+        for i, q in positions.items():
+            token = int(clean_ids[events[i].pos - 1])
+            out.spans[i] = (len(out.positions), len(out.positions) + len(sets[i]))
+            out.positions += [q] * len(sets[i])
+            out.token_ids += [token] * len(sets[i])
+            out.event_of += [i] * len(sets[i])
+            columns += sets[i]
+        out.mask = torch.stack(columns, dim=1)
+        return out
 
 
 def _by_set(keys: Sequence[tuple[str, int]], values: Sequence[float]) -> dict:

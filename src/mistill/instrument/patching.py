@@ -11,6 +11,11 @@ q (`brute_force_logits`).  The fast paths give the same numbers:
   run as ONE forward of B copies of the token at q against the shared cache,
   all at RoPE position q, each attending to the cache and to itself only
   (a 4D additive mask).  Nothing is copied per variant.
+* cached + batched across events: variants of different events of one note share
+  a forward too; variant b sits at its own position q_b and sees the cache
+  [0, q_b) and itself (the same mask, cut at q_b).  `run_variants` packs any
+  list of variants into forwards of at most `max_batch`, visited in decreasing
+  position, so that the cache is still only cropped.
 
 `PatchCache` preallocates the keys and values so that appending the B variant
 tokens writes in place and cropping only moves a length; transformers'
@@ -19,6 +24,7 @@ DynamicCache would copy the whole cache on every forward.
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -35,6 +41,7 @@ class _ScratchLayer(DynamicLayer):
         super().__init__()
         self.capacity = capacity
         self.length = 0
+        self.intact: int | None = None  # once sealed: how many leading slots still hold the prefill's keys
 
     def lazy_initialization(self, key_states, value_states):
         self.dtype, self.device = key_states.dtype, key_states.device
@@ -58,6 +65,8 @@ class _ScratchLayer(DynamicLayer):
             self.value_buffer[..., start:start + n, :] = value_states
             keys = self.key_buffer[..., :start + n, :]
             values = self.value_buffer[..., :start + n, :]
+            if self.intact is not None:
+                self.intact = min(self.intact, start)
         self.length = start + n
         self.keys, self.values = keys, values
         return keys, values
@@ -80,8 +89,16 @@ class PatchCache(Cache):
     def __init__(self, n_layers: int, capacity: int):
         super().__init__(layers=[_ScratchLayer(capacity) for _ in range(n_layers)])
 
+    def seal(self) -> None:
+        """From now on every write is a variant's: it spoils the prefill's keys from where it starts."""
+        for layer in self.layers:
+            layer.intact = layer.length
+
     def crop_to(self, length: int) -> None:
         for layer in self.layers:
+            if layer.intact is not None and length > layer.intact:
+                raise RuntimeError(f"PatchCache: positions from {layer.intact} on were overwritten by variants; "
+                                   f"cannot serve position {length} (visit positions in decreasing order)")
             layer.length = min(layer.length, length)
 
 
@@ -124,18 +141,26 @@ def prefill(model, hook: HeadHook, input_ids: Sequence[int], *, reserve: int = 2
     keep = torch.as_tensor(list(logit_positions), device=ids.device) if logit_positions else 1
     with hook.accumulating_mean() as acc:
         out = model(input_ids=ids, past_key_values=cache, use_cache=True, logits_to_keep=keep)
+    cache.seal()
     logits = _fp32(out.logits[0]) if logit_positions else None
     return Prefill(cache, acc["mu"], logits, ids.shape[1])
 
 
+def positions_mask(positions: torch.Tensor, n_cached: int, dtype: torch.dtype, device) -> torch.Tensor:
+    """[1, 1, B, n_cached + B] additive mask: variant b sees the cache [0, positions[b]) and itself only."""
+    positions = torch.as_tensor(positions, device=device)
+    n_variants = positions.shape[0]
+    sees_cache = torch.arange(n_cached, device=device)[None, :] < positions[:, None]
+    sees_self = torch.eye(n_variants, dtype=torch.bool, device=device)
+    visible = torch.cat([sees_cache, sees_self], dim=1)
+    mask = torch.zeros(n_variants, n_cached + n_variants, dtype=dtype, device=device)
+    mask.masked_fill_(~visible, torch.finfo(dtype).min)
+    return mask[None, None]
+
+
 def variant_mask(n_variants: int, n_cached: int, dtype: torch.dtype, device) -> torch.Tensor:
     """[1, 1, B, n_cached + B] additive mask: every variant sees the cache and itself only."""
-    mask = torch.full((1, 1, n_variants, n_cached + n_variants), torch.finfo(dtype).min, dtype=dtype,
-                      device=device)
-    mask[..., :n_cached] = 0
-    idx = torch.arange(n_variants, device=device)
-    mask[0, 0, idx, n_cached + idx] = 0
-    return mask
+    return positions_mask(torch.full((n_variants,), n_cached), n_cached, dtype, device)
 
 
 def _attend_with_lse(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float
@@ -191,37 +216,50 @@ def _register_variant_attention() -> None:
 _register_variant_attention()
 
 
-def forward_variants(model, hook: HeadHook, cache: Cache, q: int, token_id: int,
-                     replacement: Replacement | None, n_variants: int, *, split_attention: bool | None = None
-                     ) -> torch.Tensor:
-    """Logits [B, V] of B variants of the token at position q, against the cache cropped to [0, q).
+def forward_at(model, hook: HeadHook, cache: Cache, positions: Sequence[int], token_ids: Sequence[int],
+               replacement: Replacement | None, *, split_attention: bool | None = None) -> torch.Tensor:
+    """Logits [B, V] of B variant tokens, variant b at position positions[b] seeing the cache [0, positions[b]).
 
-    `replacement.mask` is [L, B, H]: variant b replaces the heads selected in mask[:, b].
-    With `split_attention` the variants' attention runs as `variant_attention` (the cache read
-    once, no mask; the default on CUDA, where it is one flash kernel); otherwise as the model's
-    own attention under the 4D `variant_mask` (the default on CPU, where it is faster).
+    The cache is cropped to max(positions) first, so every position below it must still hold
+    the prefill's keys (visit positions in decreasing order).  `replacement.mask` is [L, B, H]:
+    variant b replaces the heads selected in mask[:, b].  With `split_attention` and one shared
+    position, the variants' attention runs as `variant_attention` (the cache read once, no mask;
+    the default on CUDA, where it is one flash kernel); otherwise as the model's own attention
+    under the 4D `positions_mask` (the default on CPU, where it is faster).
     """
-    crop_to(cache, q)
+    positions = [int(p) for p in positions]
+    n_variants, n_cached = len(positions), max(positions)
+    crop_to(cache, n_cached)
     device = _device(model)
-    tokens = torch.full((1, n_variants), int(token_id), device=device)
-    positions = torch.full((1, n_variants), q, device=device)
+    tokens = torch.as_tensor([int(t) for t in token_ids], device=device)[None]
+    position_ids = torch.as_tensor(positions, device=device)[None]
+    one_position = min(positions) == n_cached
     kwargs = {}
-    if n_variants > 1:
-        kwargs["attention_mask"] = variant_mask(n_variants, q, model.dtype, device)
+    if n_variants > 1 or not one_position:
+        kwargs["attention_mask"] = positions_mask(torch.as_tensor(positions), n_cached, model.dtype, device)
     config = model.config
     own_attention = config._attn_implementation
     if split_attention is None:
         split_attention = device.type == "cuda"
-    use_split = split_attention and n_variants > 1 and q > 0
+    use_split = split_attention and one_position and n_variants > 1 and n_cached > 0
     try:
         if use_split:
             config._attn_implementation = _VARIANT_ATTENTION
         with hook.replacing(replacement):
-            out = model(input_ids=tokens, position_ids=positions, past_key_values=cache, use_cache=True, **kwargs)
+            out = model(input_ids=tokens, position_ids=position_ids, past_key_values=cache, use_cache=True,
+                        **kwargs)
     finally:
         config._attn_implementation = own_attention
-    crop_to(cache, q)
+    crop_to(cache, n_cached)
     return _fp32(out.logits[0])
+
+
+def forward_variants(model, hook: HeadHook, cache: Cache, q: int, token_id: int,
+                     replacement: Replacement | None, n_variants: int, *, split_attention: bool | None = None
+                     ) -> torch.Tensor:
+    """Logits [B, V] of B variants of the token at position q, against the cache cropped to [0, q)."""
+    return forward_at(model, hook, cache, [q] * n_variants, [token_id] * n_variants, replacement,
+                      split_attention=split_attention)
 
 
 def forward_variants_chunked(model, hook: HeadHook, cache: Cache, q: int, token_id: int,
@@ -233,6 +271,76 @@ def forward_variants_chunked(model, hook: HeadHook, cache: Cache, q: int, token_
         vals = values if values.dim() == 3 else values[:, start:start + max_batch]
         out.append(forward_variants(model, hook, cache, q, token_id, Replacement(chunk, vals), chunk.shape[1]))
     return torch.cat(out)
+
+
+@dataclass
+class Variants:
+    """N single-token variants against one note's cache (the unit of every batched pass).
+
+    Variant b is the token token_ids[b] at position positions[b], seeing the cache [0, positions[b])
+    and itself; mask [L, N, H] selects the heads it replaces.  The values written there are
+    `values` [L, H, D], shared by every variant (the means: mean-ablation), or, with `value_rows`,
+    values[value_rows[b]] of a stack [R, L, H, D] (outputs recorded in another run: knock-in).
+    """
+
+    positions: list[int]
+    token_ids: list[int]
+    mask: torch.Tensor | None = None
+    values: torch.Tensor | None = None
+    value_rows: list[int] | None = None
+
+    def __len__(self) -> int:
+        return len(self.positions)
+
+    def chunks(self, max_batch: int) -> list[list[int]]:
+        """Variant indices in forwards of at most `max_batch`, in decreasing position (the cache only crops)."""
+        order = sorted(range(len(self)), key=lambda b: -self.positions[b])
+        return [order[start:start + max_batch] for start in range(0, len(order), max_batch)]
+
+    def replacement(self, index: Sequence[int]) -> Replacement | None:
+        if self.mask is None:
+            return None
+        index = list(index)
+        if self.value_rows is None:
+            values = self.values
+        else:  # [B, L, H, D] -> [L, B, H, D], only this forward's rows
+            values = self.values[torch.as_tensor([self.value_rows[b] for b in index])].transpose(0, 1)
+        return Replacement(self.mask[:, torch.as_tensor(index)], values)
+
+
+@dataclass
+class VariantOutputs:
+    logits: torch.Tensor  # [N, V] fp32, in the variants' order
+    recorded: torch.Tensor | None  # [N, L, H, D] head outputs after the replacement, if recorded
+
+
+@torch.no_grad()
+def run_variants(model, hook: HeadHook, cache: Cache, variants: Variants, max_batch: int, *,
+                 record_rows: Sequence[int] = ()) -> VariantOutputs:
+    """Every variant, in forwards of at most `max_batch` that may mix positions (`forward_at`).
+
+    `record_rows`: the variants whose head outputs (after their replacement) to return, in that order.
+    """
+    logits: torch.Tensor | None = None
+    recorded: torch.Tensor | None = None
+    wanted = {b: n for n, b in enumerate(record_rows)}
+    for index in variants.chunks(max_batch):
+        keep = [(n, wanted[b]) for n, b in enumerate(index) if b in wanted]
+        with hook.recording() if keep else contextlib.nullcontext() as rec:
+            out = forward_at(model, hook, cache, [variants.positions[b] for b in index],
+                             [variants.token_ids[b] for b in index], variants.replacement(index))
+        if logits is None:
+            logits = out.new_empty(len(variants), out.shape[-1])
+        logits[torch.as_tensor(index)] = out
+        if keep:
+            at, to = (torch.as_tensor(x) for x in zip(*keep))
+            heads = torch.stack([r[0, at.to(r.device)] for r in rec], dim=1)  # [kept, L, H, D]
+            if recorded is None:
+                recorded = heads.new_empty(len(record_rows), *heads.shape[1:])
+            recorded[to] = heads
+    if logits is None:
+        raise ValueError("run_variants: no variants")
+    return VariantOutputs(logits, recorded)
 
 
 @torch.no_grad()
