@@ -263,3 +263,38 @@ def test_a_position_above_an_overwritten_one_is_refused(small_model):
             forward_variants(small_model, hook, pre.cache, 30, ids[30], None, 1)
     finally:
         hook.remove()
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_variants_of_different_events_on_cuda_equal_brute_force():
+    """The mixed-position forwards (masked attention) on CUDA: fp32 against the full forward of each
+    prefix, and the bf16 model within bf16 rounding of it."""
+    from mistill.instrument.patching import Variants, run_variants
+    from mistill.models.loading import cast_weights
+    from tests.instrument.conftest import tiny_qwen3
+
+    torch.manual_seed(0)
+    model32 = tiny_qwen3(211, layers=3, heads=8, kv_heads=2, head_dim=64).cuda()
+    torch.manual_seed(0)
+    model16 = cast_weights(tiny_qwen3(211, layers=3, heads=8, kv_heads=2, head_dim=64).cuda(), torch.bfloat16)
+    ids = _ids(11, n=300)
+    positions = [290, 40, 170, 290, 99, 12, 170, 250, 61, 133]
+    margins = []
+    for model in (model32, model16):
+        hook = HeadHook(model)
+        try:
+            pre = prefill(model, hook, ids)
+            mask = torch.zeros(hook.n_layers, len(positions), hook.n_heads, dtype=torch.bool)
+            for b in range(0, len(positions), 2):
+                mask[b % hook.n_layers, b, b % hook.n_heads] = True
+            out = run_variants(model, hook, pre.cache, Variants(positions, [ids[q] for q in positions],
+                                                                mask.cuda(), pre.mu), max_batch=4)
+            if model is model32:
+                for b, q in enumerate(positions):
+                    brute = brute_force_logits(model, hook, ids[:q], ids[q], mask[:, b].cuda(), pre.mu)
+                    assert (out.logits[b] - brute).abs().max() < 1e-4, (b, q)
+            margins.append(margin(out.logits.float().cpu(), 5, [7, 11, 13]))
+        finally:
+            hook.remove()
+    assert (margins[0] - margins[1]).abs().max() < 0.1  # bf16 rounding only
