@@ -289,3 +289,45 @@ def test_every_demo_reader_lists_its_keys():
         keys = reader(rid).keys(PAPER_PARAMS)
         assert len(keys) == len(set(keys)), f"{rid}: a key listed twice"
         assert Path(REPO / REGISTRY.results[rid].reader).is_file()
+
+
+def _setup_artifacts(root: Path, params: dict, *, k: int = 15) -> None:
+    """RT-003's recall report and the two shortlist trace sets' summaries, small enough to check by hand."""
+    sweep = [{"k": kk, **{split: {"recall": base + kk / 1000, "completed_recall": base + kk / 500,
+                                  "median_length": float(kk + 20)}
+                          for split, base in (("validation", 0.5), ("test", 0.6), ("corpus", 0.7))}}
+             for kk in (10, 15, 20)]
+    write_json(root / "data" / "shortlists_recall.json",
+               {"k": k, "sibling_top": 10, "completed_recall": {"validation": 0.53, "test": 0.63, "corpus": 0.73},
+                "shortlist_length": {"median": 40.0}, "sweep": sweep})
+    write_json(Path(params["evaluate"]["own_heads"]["validation_traces"]).with_name("summary.json"),
+               {"overall": {"notes": 5, "teacher": {"micro_f1": 0.41}}})
+    per_note = {f"n{i}": {"split": "train" if i < 4 else "test", "valid": i != 2, "n_new_tokens": tokens}
+                for i, tokens in enumerate((100, 300, 200, 900, 400, 50))}
+    write_json(Path(params["evaluate"]["teacher_traces"]).with_name("summary.json"),
+               {"test": {"notes": 2, "teacher": {"micro_f1": 0.37}}, "per_note": per_note})
+
+
+def test_r_d0_setup_facts_by_hand(tmp_path):
+    params = copy.deepcopy(PAPER_PARAMS)
+    params["paths"]["artifacts"] = str(tmp_path)
+    params["evaluate"]["own_heads"]["validation_traces"] = str(tmp_path / "TR-007" / "traces.jsonl")
+    params["evaluate"]["teacher_traces"] = str(tmp_path / "TR-008" / "traces.jsonl")
+    _setup_artifacts(tmp_path, params)
+    module = reader("R-D0")
+    values, inputs = module.compute_values(params)
+    _assert_writes_what_it_lists(module, params, values)
+    got = {k: v["value"] for k, v in values.items()}
+    assert got["retriever_recall_validation"] == 0.53 and got["retriever_recall_corpus"] == 0.73
+    assert got["recall_without_completion_corpus_vs_val"] == [0.7 + 15 / 1000, 0.5 + 15 / 1000]  # the K=15 row
+    assert got["shortlist_size_k"] == 15 and got["k_sweep_k"] == [10, 15, 20]
+    assert got["k_sweep_completed_recall_test"] == [0.6 + kk / 500 for kk in (10, 15, 20)]
+    assert got["teacher_microf1_validation"] == 0.41 and got["teacher_microf1_test"] == 0.37
+    assert got["valid_training_traces"] == 3                       # notes n0-n3 train, n2 invalid
+    assert got["teacher_shortlist_trace_tokens"] == 250.0          # median of 50, 100, 200, 300, 400, 900
+    assert "count of 4 training notes" in values["valid_training_traces"]["statistic"]
+    assert len(inputs) == 3
+
+    _setup_artifacts(tmp_path, params, k=12)   # a chosen K the sweep never scored
+    with pytest.raises(UserError, match="no row for the chosen K=12"):
+        module.compute_values(params)

@@ -1,4 +1,5 @@
-"""The renderer on fixture numbers files: Tables 1-3 and macros.tex, every cell from a numbers file."""
+"""The renderer on fixture numbers files: Tables 1-3, App. A's K sweep and macros.tex, every cell from a
+numbers file."""
 
 import re
 import shutil
@@ -12,7 +13,12 @@ from tests.repro.repro_helpers import REPO, paper_values, write_fixture
 TEMPLATES = REPO / "paper" / "templates"
 TABLE_IDS = {"table1": ["R-C3"],
              "table2": ["R-D1", "R-D2", "R-D3", "R-D4", "R-D5", "R-D17", "R-D22", "R-D30"],
-             "table3": ["R-D6", "R-D12", "R-D13", "R-D15", "R-D17", "R-D22", "R-D27", "R-D30"]}
+             "table3": ["R-D6", "R-D12", "R-D13", "R-D15", "R-D17", "R-D22", "R-D27", "R-D30"],
+             "tableA_ksweep": ["R-D0"]}
+# App. A's K sweep was lost in the extraction: no expected values, so the fixture writes its own
+K_SWEEP = {"k_sweep_k": [200, 1000], "k_sweep_completed_recall_validation": [0.81, 0.903],
+           "k_sweep_completed_recall_test": [0.85, 0.936], "k_sweep_completed_recall_corpus": [0.84, 0.939],
+           "k_sweep_median_shortlist_length": [230.0, 1012.5]}
 ALL_TABLE_IDS = sorted({i for ids in TABLE_IDS.values() for i in ids})
 
 
@@ -26,6 +32,8 @@ def results(registry, tmp_path):
     d = tmp_path / "results"
     for rid in ALL_TABLE_IDS:
         write_fixture(d, rid, paper_values(registry, rid))
+    sweep = {k: {"value": v, "statistic": "recall per K", "artifact": "fixture"} for k, v in K_SWEEP.items()}
+    write_fixture(d, "R-D0", {**paper_values(registry, "R-D0"), **sweep})
     return d
 
 
@@ -37,7 +45,8 @@ def test_tables_render_every_cell_from_numbers_files(registry, results, tmp_path
     out = tmp_path / "build"
     report = render(registry, results, out)
     names = sorted(p.name for p in (out / "tables").iterdir())
-    assert names == ["table1.md", "table1.tex", "table2.md", "table2.tex", "table3.md", "table3.tex"]
+    assert names == ["table1.md", "table1.tex", "table2.md", "table2.tex", "table3.md", "table3.tex",
+                     "tableA_ksweep.md", "tableA_ksweep.tex"]
     for name in names:
         assert MISSING not in (out / "tables" / name).read_text(), name
     assert not any(k.startswith("tables/") for k in report.missing)
@@ -49,6 +58,9 @@ def test_tables_render_every_cell_from_numbers_files(registry, results, tmp_path
     t3 = (out / "tables" / "table3.md").read_text()
     assert md_row(t3, "untrained")[1] == "0.946 (0.043)"
     assert md_row(t3, "Mistill, seeds")[3] == "0.873 / 0.870 / 0.874"
+    ksweep = (out / "tables" / "tableA_ksweep.md").read_text()
+    assert [md_row(ksweep, k) for k in ("200", "1000")] == [["| 200", "0.810", "0.850", "0.840", "230.0 |"],
+                                                            ["| 1000", "0.903", "0.936", "0.939", "1012.5 |"]]
 
 
 @pytest.mark.parametrize("table, rid, key, new, label, column", [

@@ -25,6 +25,7 @@ figure with no number at all is a missing-data placeholder, counted in ``RenderR
 
 from __future__ import annotations
 
+import dataclasses
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -132,6 +133,7 @@ def render_paper(registry: Registry, *, results_dir: str | Path, out_dir: str | 
     env.globals["pm"] = lambda mean, sd: Joined((mean, " ± ", sd))
     env.globals["floor"] = lambda value, floor_value: Joined((value, " (", floor_value, ")"))
     env.globals["seeds"] = lambda *cells: Joined(tuple(_interleave(cells, " / ")))
+    env.globals["decimals"] = lambda cell, digits: dataclasses.replace(cell, digits=int(digits))  # a column the paper never printed
     claims = claimed_numbers(registry, profile)
     report = RenderReport(profile)
     out_dir = Path(out_dir)
