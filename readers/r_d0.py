@@ -79,7 +79,7 @@ def compute_values(params: dict) -> tuple[dict, list[Path]]:
             [r[split]["completed_recall"] for r in rows], f"category-completed macro recall per K ({split})",
             recall_path)
     v["k_sweep_median_shortlist_length"] = value([r["corpus"]["median_length"] for r in rows],
-                                                 "median shortlist length per K (corpus notes)", recall_path)
+                                                 "median codes per shortlist, per K (corpus notes)", recall_path)
 
     validation, validation_path = _summary(params["evaluate"]["own_heads"]["validation_traces"])
     distill, distill_path = _summary(params["evaluate"]["teacher_traces"])
