@@ -84,7 +84,7 @@ def test_cli_strict_passes_and_prints_the_summary_then_fails_naming_r_c2(demo_re
     assert main(args) == 0
     out, err = capsys.readouterr()
     assert "0 of them claimed by the profile" in err and "?? for" not in err.split("profile demo:")[0]
-    assert out.startswith("wrote 7 files under")
+    assert out.startswith("wrote 9 files under")   # Tables 1-3 and the K sweep, .tex and .md, and macros.tex
     (demo_results / "R-C2.json").unlink()
     assert main(args) == 2
     err = capsys.readouterr().err
