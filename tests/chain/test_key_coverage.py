@@ -331,3 +331,30 @@ def test_r_d0_setup_facts_by_hand(tmp_path):
     _setup_artifacts(tmp_path, params, k=12)   # a chosen K the sweep never scored
     with pytest.raises(UserError, match="no row for the chosen K=12"):
         module.compute_values(params)
+
+
+def test_r_d21_retriever_as_the_answer_by_hand(tmp_path):
+    """Two test notes, rankings of 20 codes: counts worked out by hand, and one re-run shortlist that differs."""
+    params = copy.deepcopy(PAPER_PARAMS)
+    params["paths"]["artifacts"] = str(tmp_path)
+    params["evaluate"]["test_notes"] = str(tmp_path / "data" / "dt_test.jsonl")
+    gold = {"a": ["C01", "C15", "C30"], "b": ["C02"]}
+    write_jsonl(tmp_path / "data" / "dt_test.jsonl", [{"note_id": n, "patient_id": f"p{n}", "text": "x",
+                                                        "gold_codes": g, "split": "test"} for n, g in gold.items()])
+    ranked = {"a": [f"C{i:02d}" for i in range(1, 21)],    # C01 and C15 in the top 20, C01 alone in the top 10
+              "b": [f"C{i:02d}" for i in range(3, 23)]}    # C02 never ranked
+    stored = [{"note_id": n, "codes": sorted(ranked[n][:12] + ["C30"]), "k": 12, "ranked": ranked[n]} for n in gold]
+    rerun = [dict(stored[0]), {**stored[1], "codes": stored[1]["codes"][:-1]}]   # note b loses one of its 13 codes
+    write_jsonl(tmp_path / "data" / "shortlists.jsonl", stored)
+    write_jsonl(tmp_path / "data" / "shortlists_rerun.jsonl", rerun)
+    module = reader("R-D21")
+    values, _ = module.compute_values(params)
+    _assert_writes_what_it_lists(module, params, values)
+    got = {k: v["value"] for k, v in values.items()}
+    # top-20: tp 2 (C01, C15), fp 38, fn 2 (C30, C02)
+    assert got["retriever_top20_precision"] == 2 / 40 and got["retriever_top20_recall"] == 2 / 4
+    assert got["retriever_top20_microf1"] == 4 / (4 + 38 + 2)
+    assert got["retriever_top10_microf1"] == 2 / (2 + 19 + 3)                   # tp 1, fp 19, fn 3
+    assert got["retriever_shortlist_recall"] == 2 / 4                          # C01, C30 of note a
+    assert got["rerun_shortlist_exact_match_notes"] == 1
+    assert got["rerun_shortlist_median_jaccard"] == (1 + 12 / 13) / 2

@@ -14,7 +14,7 @@ TEMPLATES = REPO / "paper" / "templates"
 TABLE_IDS = {"table1": ["R-C3"],
              "table2": ["R-D1", "R-D2", "R-D3", "R-D4", "R-D5", "R-D17", "R-D22", "R-D30"],
              "table3": ["R-D6", "R-D12", "R-D13", "R-D15", "R-D17", "R-D22", "R-D27", "R-D30"],
-             "tableA_ksweep": ["R-D0"]}
+             "table44": ["R-D21", "R-D0"], "tableA_ksweep": ["R-D0"]}
 # App. A's K sweep was lost in the extraction: no expected values, so the fixture writes its own
 K_SWEEP = {"k_sweep_k": [200, 1000], "k_sweep_completed_recall_validation": [0.81, 0.903],
            "k_sweep_completed_recall_test": [0.85, 0.936], "k_sweep_completed_recall_corpus": [0.84, 0.939],
@@ -34,6 +34,12 @@ def results(registry, tmp_path):
         write_fixture(d, rid, paper_values(registry, rid))
     sweep = {k: {"value": v, "statistic": "recall per K", "artifact": "fixture"} for k, v in K_SWEEP.items()}
     write_fixture(d, "R-D0", {**paper_values(registry, "R-D0"), **sweep})
+    # Table 44's precision and recall of the top-10 and of the whole shortlist are not in the paper's text
+    extra = {"retriever_top10_precision": 0.15, "retriever_top10_recall": 0.22, "retriever_shortlist_microf1": 0.031,
+             "retriever_shortlist_precision": 0.016, "retriever_shortlist_recall": 0.936}
+    write_fixture(d, "R-D21", {**paper_values(registry, "R-D21"),
+                               **{k: {"value": x, "statistic": "micro-F1", "artifact": "fixture"}
+                                  for k, x in extra.items()}})
     return d
 
 
@@ -46,7 +52,7 @@ def test_tables_render_every_cell_from_numbers_files(registry, results, tmp_path
     report = render(registry, results, out)
     names = sorted(p.name for p in (out / "tables").iterdir())
     assert names == ["table1.md", "table1.tex", "table2.md", "table2.tex", "table3.md", "table3.tex",
-                     "tableA_ksweep.md", "tableA_ksweep.tex"]
+                     "table44.md", "table44.tex", "tableA_ksweep.md", "tableA_ksweep.tex"]
     for name in names:
         assert MISSING not in (out / "tables" / name).read_text(), name
     assert not any(k.startswith("tables/") for k in report.missing)
@@ -58,6 +64,9 @@ def test_tables_render_every_cell_from_numbers_files(registry, results, tmp_path
     t3 = (out / "tables" / "table3.md").read_text()
     assert md_row(t3, "untrained")[1] == "0.946 (0.043)"
     assert md_row(t3, "Mistill, seeds")[3] == "0.873 / 0.870 / 0.874"
+    t44 = (out / "tables" / "table44.md").read_text()
+    assert md_row(t44, "retriever, top-20 codes")[1:] == ["0.217", "0.191", "0.249 |"]
+    assert md_row(t44, "teacher (shortlist prompt)")[1:] == ["0.227", "–", "– |"]
     ksweep = (out / "tables" / "tableA_ksweep.md").read_text()
     assert [md_row(ksweep, k) for k in ("200", "1000")] == [["| 200", "0.810", "0.850", "0.840", "230.0 |"],
                                                             ["| 1000", "0.903", "0.936", "0.939", "1012.5 |"]]
