@@ -108,8 +108,8 @@ def main() -> int:
             job.join()
     for job in jobs:
         job.join()
-    report = {"benchmark": "chain_side_by_side", "old": shas["old"], "new": shas["new"], "targets": args.targets,
-              "side_by_side": not args.sequential, **runs}
+    report = {"benchmark": "chain_side_by_side", "old_commit": shas["old"], "new_commit": shas["new"],
+              "targets": args.targets, "side_by_side": not args.sequential, **runs}
     out = args.out or REPO / "benchmarks" / "results" / f"demo_chain_{shas['old'][:7]}_{shas['new'][:7]}.json"
     out.write_text(json.dumps(report, indent=2) + "\n")
     print(table(runs["old"], runs["new"]))
