@@ -24,6 +24,9 @@ GROUPS = {
     "repro": "registry, numbers files, tolerance checks, paper rendering",
     "rehearsal": "the paper profile's chain on stand-ins, before any GPU hour is spent",
 }
+# The groups whose commands compute with torch: on a CPU without bf16 GEMM kernels their bf16 matrix
+# products run through fp32 (mistill.models.cpu_bf16).
+TORCH_GROUPS = ("models", "instrument", "distill", "evaluate")
 
 
 def build_parser(group: str | None = None) -> argparse.ArgumentParser:
@@ -47,6 +50,10 @@ def main(argv: list[str] | None = None) -> int:
     group = argv[0] if argv and argv[0] in GROUPS else None
     args = build_parser(group).parse_args(argv)
     try:
+        if group in TORCH_GROUPS:
+            from mistill.models import cpu_bf16
+
+            cpu_bf16.install()
         with recorded(argv):   # a stage's wall time, when DVC runs this command as one
             result = args.func(args)
     except UserError as err:

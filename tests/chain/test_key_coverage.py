@@ -16,18 +16,21 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from scipy.stats import spearmanr
 
 from mistill.errors import UserError
+from mistill.evaluate.compare import arm_values, clustered, knockin_rows, note_recovery, seed_dirs
 from mistill.evaluate.own_heads import arm_dirs
 from mistill.instrument.attribution import fidelity
 from mistill.instrument.calibration import calibrate, note_contrast
-from mistill.instrument.global_sets import head_sets
+from mistill.instrument.global_sets import head_sets, phase_scores
 from mistill.instrument.knockin import SET_KINDS, exact_refinement, summarize
 from mistill.io import write_json, write_jsonl
 from mistill.params import load_params
 from mistill.repro.check import NOT_REPRODUCED, PASS, run_check
 from mistill.repro.registry import load_registry
 from mistill.repro.text_fields import statistic_problem
+from mistill.stats import StatsParams
 from tests.chain.test_readers import GOLD, write_arm
 from tests.repro.repro_helpers import REPO, paper_values, write_fixture
 
@@ -358,3 +361,263 @@ def test_r_d21_retriever_as_the_answer_by_hand(tmp_path):
     assert got["retriever_shortlist_recall"] == 2 / 4                          # C01, C30 of note a
     assert got["rerun_shortlist_exact_match_notes"] == 1
     assert got["rerun_shortlist_median_jaccard"] == (1 + 12 / 13) / 2
+
+
+def test_r_d18_corpus_and_note_clustered_against_independent_computations(paper_evaluations):
+    """Three seed pairs per family on paper-shaped evaluations and own-heads cells: the corpus-level difference
+    is the mean over seed pairs of sklearn's micro-F1 differences; the note-clustered gain is R-D6's reading."""
+    from sklearn.metrics import f1_score
+    from sklearn.preprocessing import MultiLabelBinarizer
+
+    from mistill.evaluate.readout import load_arms, test_notes
+
+    params = copy.deepcopy(paper_evaluations)
+    section = params["evaluate"]["own_heads"]
+    root = Path(params["paths"]["artifacts"])     # the own-heads cells sit beside the evaluations
+    k, rng, notes = max(section["bins"]), np.random.default_rng(5), list(GOLD)
+    for row, label in section["arms"].items():
+        for seed in ([0] if row.endswith("untrained") else [0, 1, 2]):
+            m6 = arm_dirs(root, label, seed)[1]
+            for note in notes:
+                write_jsonl(m6 / note / "patch2.jsonl", _m6_rows(rng, k))
+            write_json(m6 / "faithfulness2.json", {"notes": notes, "bins": section["bins"], "phases": {}})
+    module = reader("R-D18")
+    values, _ = module.compute_values(params)
+    _assert_writes_what_it_lists(module, params, values)
+    assert set(REGISTRY.expected("paper").values["R-D18"]) <= set(values)
+
+    arms, test = load_arms(params), test_notes(params)
+    binarizer = MultiLabelBinarizer().fit([list(n.gold_codes) for n in test] + [["X"]] + [
+        list(r.get("answer") or []) for seeds in arms.values() for run in seeds.values() for r in run.generations.values()])
+    gold = binarizer.transform([list(n.gold_codes) for n in test])
+
+    def f1(run):
+        pred = [run.generations[n.note_id]["answer"] if run.generations[n.note_id]["valid"] else [] for n in test]
+        return f1_score(gold, binarizer.transform(pred), average="micro", zero_division=0)
+
+    for family, tag in (("qwen", "bf16"), ("smollm", "fp32")):
+        arm, ref = arms[f"{family}_mistill"], arms[f"{family}_vanilla_{tag}"]
+        expected = np.mean([f1(arm[s]) - f1(ref[s]) for s in (0, 1, 2)])
+        assert values[module.corpus_key(family, tag)]["value"] == pytest.approx(expected, abs=1e-12)
+        low, high = values[f"{module.corpus_key(family, tag)}_interval"]["value"]
+        assert low <= high
+    gaps = [max(abs(values[f"{module.corpus_key(f, t)}_interval"]["value"][i]
+                    - values[f"{module.per_note_key(f, t)}_interval"]["value"][i]) for i in (0, 1))
+            for f in ("qwen", "smollm") for t in ("bf16", "fp32")]
+    assert values["corpus_vs_per_note_interval_endpoint_gap_max"]["value"] == pytest.approx(max(gaps))
+
+    r_d6, _ = reader("R-D6").compute_values(params)
+    for family in ("qwen", "smollm"):
+        assert (values[f"{family}_note_clustered_p2c_gain_vs_bf16"]["value"]
+                == r_d6[f"{family}_mistill_minus_bf16_vanilla_p2c"]["value"])
+
+
+def test_r_d20_writes_the_paper_keys_on_paper_shaped_proxy_artifacts(tmp_path):
+    """1,600 heads, the paper's named heads among each event's patched nominees; the named heads' c and exact
+    importance are their means over the events where they were patched."""
+    from mistill.io import write_npz
+
+    params = copy.deepcopy(PAPER_PARAMS)
+    hd = tmp_path / "HD-001"
+    params["instrument"]["out_dir"] = str(hd)
+    write_json(hd / "head_sets_contrast.json", {"n_layers": 40, "n_heads": 40})
+    named = [39 * 40 + 12, 39 * 40 + 10, 30 * 40 + 11]
+    rng = np.random.default_rng(4)
+    for note in ("n1", "n2"):
+        heads = [named + sorted(rng.choice(1200, 53, replace=False).tolist()) for _ in range(3)]
+        write_jsonl(hd / note / "patch2.jsonl", [
+            {"kind": "P2C", "pos": 100 + e, "p2c_exact": {"heads": h, "exact": rng.normal(size=56).tolist(),
+                                                           "first_order": rng.normal(size=56).tolist()}}
+            for e, h in enumerate(heads)])
+        write_npz(tmp_path / "HD-001-proxy" / note / "proxy.npz", positions=np.arange(100, 103),
+                  occurrence=np.zeros(3, dtype=np.int64), c=rng.normal(size=(3, 40, 40)).astype(np.float32),
+                  m=rng.uniform(size=(3, 40, 40)).astype(np.float32), margin=np.full(3, 5.0, dtype=np.float32))
+    module = reader("R-D20")
+    values, _ = module.compute_values(params)
+    _assert_writes_what_it_lists(module, params, values)
+    assert set(REGISTRY.expected("paper").values["R-D20"]) <= set(values)
+    assert values["contrastive_events_with_exact_patches"]["value"] == 6
+    c = [float(np.mean([np.load(tmp_path / "HD-001-proxy" / n / "proxy.npz")["c"][e].reshape(-1)[h]
+                        for n in ("n1", "n2") for e in range(3)])) for h in named]
+    assert values["c_vs_exact_l39h12_l39h10_l30h11"]["value"] == pytest.approx(c, rel=1e-6)
+
+
+def test_r_c13_writes_its_keys_on_paper_shaped_artifacts(paper_hd001, tmp_path):
+    """Five notes of four patients (n0 and n1 are one patient's two prompt variants)."""
+    from mistill.io import write_npz
+
+    params = copy.deepcopy(paper_hd001[0])
+    params["paths"]["artifacts"] = str(tmp_path)
+    out = Path(params["instrument"]["out_dir"])
+    notes, patients = [f"n{i}" for i in range(5)], ["p0", "p0", "p1", "p2", "p3"]
+    write_jsonl(tmp_path / "data" / "corpus_char.jsonl", [{"note_id": n, "patient_id": p, "text": "x",
+                                                           "gold_codes": [], "split": "char"}
+                                                          for n, p in zip(notes, patients)])
+    rng = np.random.default_rng(6)
+    leaders = np.concatenate([np.arange(40, 0, -1), np.zeros(1560)])   # forty heads a full unit apart
+    ic = {f"ic_{p}": rng.normal(0, 0.05, (5, 1600)) + leaders for p in PHASES}
+    for run in (out, Path(params["distill"]["teacher_head_sets"]).parent):
+        write_npz(run / "calibration.npz", **ic, **{f"notes_{p}": np.asarray(notes) for p in PHASES})
+    module = reader("R-C13")
+    values, _ = module.compute_values(params)
+    _assert_writes_what_it_lists(module, params, values)
+    paper = set(REGISTRY.expected("paper").values["R-C13"])
+    assert not sorted(paper - set(values) - set(REGISTRY.results["R-C13"].unproduced_keys))
+    assert values["patient_units_notes_patients"]["value"] == [5, 4]
+    # a ranking this clear keeps its top-8 and top-40 in every split
+    assert values["split_half_top8_overlap"]["value"] == 8.0
+    assert values["split_half_top40_overlap"]["value"] == [40.0, 40.0]
+
+
+def test_r_d9_costs_from_run_logs_by_hand(tmp_path):
+    """Two students, three arms, seeds 0-2 (the paper profile's runs), each step logging 8 notes, a time and a peak."""
+    from mistill.distill.runs import run_dir
+
+    params = copy.deepcopy(PAPER_PARAMS)
+    params["distill"]["runs_dir"] = str(tmp_path)
+    cfg = params["distill"]
+    gib = 2 ** 30
+    for s_i, student in enumerate(cfg["students"]):
+        for seed in cfg["seeds"]:
+            for a_i, (arm, precision) in enumerate([("mistill", "bf16"), *(("vanilla", p) for p in
+                                                                             cfg["vanilla_precisions"])]):
+                d = run_dir(tmp_path, f"student_{student}", arm, precision, seed)
+                write_json(d / "config.json", {"example_ids": [f"n{i}" for i in range(20)]})
+                # mistill 30 s per step, vanilla 10 s; peaks 10 + student + arm GiB, fp32 one more
+                step_s = 30.0 if arm == "mistill" else 10.0
+                peak = (10 + s_i + a_i) * gib
+                write_jsonl(d / "metrics.jsonl", [{"notes": n, "step_time_s": step_s, "peak_memory_bytes": peak}
+                                                  for n in (8, 8, 4)])
+    module = reader("R-D9")
+    values, _ = module.compute_values(params)
+    _assert_writes_what_it_lists(module, params, values)
+    got = {k: v["value"] for k, v in values.items()}
+    assert got["qwen_mistill_step_peak_memory"] == 10.0                    # Qwen is the first student
+    assert got["qwen_mistill_time_per_note"] == 90.0 / 20                  # three steps of 30 s over 20 notes
+    assert got["mistill_100_notes_train_time"] == [90.0 * 5 / 60] * 2      # 100 notes are five runs of 20
+    assert got["vanilla_100_notes_train_time"] == [30.0 * 5 / 60] * 2
+    assert got["mistill_step_time"] == [0.5, 0.5] and got["mistill_over_vanilla_time_per_note"] == 3.0
+    assert got["tier1_logged_peak_memory"] == 12.0                         # smollm's fp32 Vanilla: 10 + 1 + 1
+    assert got["vanilla_fp32_493_train_time"] == 30.0 / 3600
+    assert got["paper_shape_qwen_mistill_step_peak_memory"] > got["paper_shape_qwen_vanilla_step_peak_memory"]
+
+
+def test_r_d19_coverage_and_the_aligned_subset(tmp_path):
+    """Paper-shaped cells where the SmolLM3 student drops one of note n0's three contrastive events: the aligned
+    subset has 3 x 4 - 1 events, SmolLM3's reading is R-D6's, and Qwen's loses exactly that event."""
+    params = copy.deepcopy(PAPER_PARAMS)
+    params["paths"] = {"artifacts": str(tmp_path), "results": str(tmp_path / "results")}
+    params["stats"]["bootstrap_resamples"] = 200
+    section = params["evaluate"]["own_heads"]
+    section["teacher_faithfulness"] = str(tmp_path / "HD-002" / "faithfulness2.json")
+    write_json(tmp_path / "HD-002" / "faithfulness2.json", {"phases": {"P2C": {"range_gate_pass_rate": 0.71}}})
+    report = {"P1": {"teacher": 10, "realized": 10, "share": 1.0}, "P2": {"teacher": 30, "realized": 16, "share": 16 / 30},
+              "P2C": {"teacher": 11, "realized": 8, "share": 8 / 11}, "per_note_median_share": 0.74, "notes": 4}
+    write_json(tmp_path / "DT-coverage" / "coverage.json", {"coverage": {
+        "student_qwen": {**report, "P2": {"teacher": 30, "realized": 30, "share": 1.0}}, "student_smol": report}})
+    k, rng, notes = max(section["bins"]), np.random.default_rng(8), [f"n{i}" for i in range(4)]
+    for row, label in section["arms"].items():
+        smol = row.startswith("smollm")
+        for seed in ([0] if row.endswith("untrained") else [0, 1, 2]):
+            m6 = arm_dirs(tmp_path, label, seed)[1]
+            for note in notes:
+                anchors = [10, 20, 30] if not (smol and note == "n0") else [10, 30]
+                write_jsonl(m6 / note / "events.jsonl", [{"kind": "P2C", "pos": a, "anchor": a, "near_miss": "X"}
+                                                         for a in anchors])
+                write_jsonl(m6 / note / "patch2.jsonl", [
+                    {"kind": "P2C", "pos": a, "margin_clean": 2.0, "margin_corr": 0.0, "margin_all": 2.0,
+                     "knockin": {"top": {str(k): 2.0 * rng.uniform()}}} for a in anchors])
+            write_json(m6 / "faithfulness2.json", {"notes": notes, "bins": section["bins"],
+                                                   "phases": {"P2C": {"range_gate_pass_rate": 0.6}}})
+    module = reader("R-D19")
+    values, _ = module.compute_values(params)
+    _assert_writes_what_it_lists(module, params, values)
+    assert set(REGISTRY.expected("paper").values["R-D19"]) <= set(values)
+    got = {key: v["value"] for key, v in values.items()}
+    assert got["aligned_p2c_events"] == 11 and got["smollm_event_coverage_p2"] == pytest.approx(100 * 16 / 30)
+    assert got["smollm_realized_events"] == 34 and got["knockin_denominator_students_p2c"] == [0.6, 0.6]
+    stats = StatsParams.from_params(params)
+    full = [arm_values(tmp_path, section["arms"][r], "m4", phase="P2C", k=k) for r in ("smollm_mistill",
+                                                                                       "smollm_vanilla_bf16")]
+    assert got["smollm_aligned_subset_gain_vs_bf16"] == pytest.approx(clustered(*full, stats)["mean_difference"])
+
+    def without_n0_20(label):
+        out = {}
+        for seed, d in seed_dirs(tmp_path, label).items():
+            rows = knockin_rows(d)
+            rows["n0"] = [r for r in rows["n0"] if r["pos"] != 20]
+            out[seed] = note_recovery(rows, phase="P2C", set_kind="top", k=k)
+        return out
+
+    qwen = [without_n0_20(section["arms"][r]) for r in ("qwen_mistill", "qwen_vanilla_bf16")]
+    assert got["qwen_aligned_subset_gain_vs_bf16"] == pytest.approx(clustered(*qwen, stats)["mean_difference"])
+
+
+def test_r_c7_shortlist_against_full_inventory_on_paper_shaped_artifacts(paper_hd001, tmp_path):
+    """HD-002 with the same rankings as HD-001 but its leader demoted: Spearman and overlaps by hand."""
+    import shutil
+
+    params = copy.deepcopy(paper_hd001[0])
+    full = Path(params["instrument"]["out_dir"])
+    short = tmp_path / "HD-002"
+    params["distill"]["teacher_head_sets"] = str(short / "head_sets_contrast.json")
+    body = copy.deepcopy(paper_hd001[1])
+    for ranked in body["phases"].values():   # the leader falls to the bottom of every shortlist ranking
+        ranked[0]["ic"] = min(r["ic"] for r in ranked) - 1.0
+    write_json(short / "head_sets_contrast.json", body)
+    shutil.copy(full / "faithfulness2.json", short / "faithfulness2.json")
+    module = reader("R-C7")
+    values, _ = module.compute_values(params)
+    _assert_writes_what_it_lists(module, params, values)
+    assert not sorted(set(REGISTRY.expected("paper").values["R-C7"]) - set(values)
+                      - set(REGISTRY.results["R-C7"].unproduced_keys))
+    a = phase_scores(paper_hd001[1], "P1")
+    b = phase_scores(body, "P1")
+    assert values["ic_spearman_full_vs_shortlist_p1"]["value"] == pytest.approx(spearmanr(a, b).statistic)
+    assert values["top40_overlap_p1"]["value"] == 39 and values["top8_overlap_p1_p2_p2c"]["value"] == [7, 7, 7]
+
+
+def test_r_c8_intact_against_detached_on_paper_shaped_artifacts(paper_hd001, tmp_path):
+    """Two hooks' calibration arrays and the re-run's attribution: every value against scipy and by hand."""
+    from mistill.io import write_npz
+
+    params = copy.deepcopy(paper_hd001[0])
+    intact, detached = tmp_path / "HD-001-intact", tmp_path / "HD-001"
+    params["instrument"]["out_dir"] = str(detached)
+    params["intact_rerun"] = {**params["intact_rerun"], "out_dir": str(intact)}   # 50 notes named; 3 computed
+    notes = [f"n{i}" for i in range(5)]
+    rng = np.random.default_rng(8)
+    base = np.concatenate([np.arange(60, 0, -1), np.zeros(1540)])   # sixty heads a full unit apart
+    detached_ic = {p: rng.normal(0, 0.05, (5, 1600)) + base for p in PHASES}
+    intact_ic = {p: v[:3].copy() for p, v in detached_ic.items()}
+    intact_ic["P2"][:, [0, 45]] = intact_ic["P2"][:, [45, 0]]          # the intact hook swaps the P2 leader and #46
+    write_json(detached / "head_sets_contrast.json", paper_hd001[1])
+    write_npz(detached / "calibration.npz", **{f"ic_{p}": v for p, v in detached_ic.items()},
+              **{f"notes_{p}": np.asarray(notes) for p in PHASES})
+    write_npz(intact / "calibration.npz", **{f"ic_{p}": v for p, v in intact_ic.items()},
+              **{f"notes_{p}": np.asarray(notes[:3]) for p in PHASES})
+    first, merged = [], []
+    for note in notes[:3]:
+        kinds = np.asarray(["P1", "P2", "P2", "NULL"])
+        fo = rng.normal(0, 1, (4, 40, 40)).astype(np.float32)
+        exact = np.full((4, 40, 40), np.nan, dtype=np.float32)
+        exact[1:3, 39, :5] = rng.normal(0, 1, (2, 5))                 # P2 nominees patched exactly
+        write_npz(intact / note / "attr.npz", kinds=kinds, positions=np.arange(4), margin=np.ones(4),
+                  first_order=fo, exact=exact, importance=fo)
+        first.append(fo[1:3].reshape(2, -1).mean(0))
+        merged.append(np.where(np.isnan(exact[1:3]), fo[1:3], exact[1:3]).reshape(2, -1).mean(0))
+    module = reader("R-C8")
+    values, inputs = module.compute_values(params)
+    _assert_writes_what_it_lists(module, params, values)
+    assert set(REGISTRY.expected("paper").values["R-C8"]) == set(values)
+    a, b = intact_ic["P2"].mean(0), detached_ic["P2"][:3].mean(0)
+    assert values["p2_spearman_intact_vs_detached"]["value"] == pytest.approx(spearmanr(a, b).statistic)
+    assert values["p2_top40_overlap"]["value"] == 39 and values["p2_top8_overlap"]["value"] == 7
+    assert values["chapter_contrastive_top40_overlap_50notes"]["value"] == [40, 40]
+    f, m = np.mean(first, axis=0), np.mean(merged, axis=0)
+    assert values["intact_firstorder_vs_exact_spearman"]["value"] == pytest.approx(spearmanr(f, m).statistic)
+    # named heads l39h10, l39h29, l39h12, l37h6 are flat indices 1570, 1589, 1572, 1486: all in the zero tail
+    ranks = values["named_head_ranks_intact_l39h10_l39h29_l39h12_l37h6"]["value"]
+    order = np.argsort(-a, kind="stable").tolist()
+    assert ranks == [order.index(h) + 1 for h in (1570, 1589, 1572, 1486)]
+    assert len(inputs) == 2 + 3 + 1

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import numpy as np
+import pytest
 import torch
 
+from mistill.errors import UserError
 from mistill.instrument.events import Event
 from mistill.instrument.knockin import head_set_masks, match_donor_events, summarize
 
@@ -58,3 +60,21 @@ def test_summary_is_the_median_over_notes_of_per_note_means_with_the_range_gate(
     assert cell["knockin"]["vs"]["random"]["notes_top_above"] == 2  # a and b beat random, c does not
     assert np.isclose(out["range_gate_pass_rate"], 3 / 4)
     assert out["all_heads_minus_clean_max_abs"] == 0.0
+
+
+def test_patients_as_units_average_their_notes_means_first():
+    """App. C "Patients": notes a and b are one patient's two prompt variants, c another patient."""
+    rows = {
+        "a": [_row(4.0, -2.0, 4.0, 1.0, -1.5, 1.0, 3.5), _row(2.0, 1.5, 2.0, 1.9, 1.6, 0.0, 2.0)],
+        "b": [_row(5.0, 0.0, 5.0, 5.0, 0.5, 2.5, 5.0)],
+        "c": [_row(1.0, -1.0, 1.0, -0.5, 0.0, 2.0, 1.0)],
+    }
+    out = summarize(rows, bins=[2], min_range=1.0, units={"a": "p1", "b": "p1", "c": "p2"})["phases"]["P1"]
+    cell = out["bins"]["2"]
+    # knock-in per note a 0.5, b 1.0, c 0.25 -> patients p1 0.75, p2 0.25 -> median 0.5 over two patients
+    assert np.isclose(cell["knockin"]["top"]["median"], 0.5) and cell["knockin"]["top"]["n_notes"] == 2
+    # necessity per note a 0.875, b 0.5, c -1.0 -> patients 0.6875, -1.0 -> median -0.15625
+    assert np.isclose(cell["necessity"]["top"]["median"], (0.6875 - 1.0) / 2)
+    assert cell["knockin"]["vs"]["random"]["notes"] == 2      # the sign test counts patients
+    with pytest.raises(UserError, match="no patient"):
+        summarize(rows, bins=[2], units={"a": "p1"})

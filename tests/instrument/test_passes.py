@@ -116,3 +116,37 @@ def test_a_changed_trace_makes_its_artifacts_stale(tmp_path, qwen_model, tokeniz
     assert "note1/events.jsonl is stale (its inputs changed)" in err
     assert "note1/attr.npz is stale (its inputs changed)" in err
     assert "note0/attr.npz" not in err  # notes before the change keep their artifacts
+
+
+def test_the_intact_rerun_patches_p2_exactly_on_the_first_notes(world, qwen_model, tokenizer):
+    """App. C's re-run: graph intact, exact patches at P2 (none at P1), its own directory and calibration."""
+    import pytest
+
+    from mistill.errors import UserError
+    from mistill.instrument.intact import IntactRerun, run_intact
+
+    tmp_path, cfg, params, *_ = world
+    section = {"out_dir": str(tmp_path / "HD-001-intact"), "notes": 2, "nominees_topk": 3,
+               "nominees_global_topk": 2, "exact_kinds": ["P2"]}
+    summary = run_intact(cfg, {**params, "intact_rerun": section}, model=qwen_model, tokenizer=tokenizer)
+    assert set(summary["phases"]) >= {"P1", "P2"}
+    done = sorted(p.parent.name for p in (tmp_path / "HD-001-intact").glob("*/attr.npz"))
+    assert done == ["note0", "note1"]                       # the first two notes of the corpus, no more
+    with np.load(tmp_path / "HD-001-intact" / "note0" / "attr.npz") as intact, \
+            np.load(tmp_path / "HD-001" / "note0" / "attr.npz") as detached:
+        p2, p1 = intact["kinds"] == "P2", intact["kinds"] == "P1"
+        assert p2.any() and np.isnan(intact["exact"][p1]).all()
+        patched = np.isfinite(intact["exact"][p2]).reshape(p2.sum(), -1).sum(axis=1)
+        assert (patched >= 3).all() and (patched <= 5).all()  # the event's top-3 plus the global top-2
+        # the two hooks agree on the last layer's heads (nothing lies downstream of them) and differ before
+        last = np.abs(intact["first_order"][:, -1] - detached["first_order"][:, -1]).max()
+        earlier = np.abs(intact["first_order"][:, 0] - detached["first_order"][:, 0]).max()
+        assert last < 1e-4 < earlier
+    meta = json.loads((tmp_path / "HD-001-intact" / "note0" / "attr.npz.meta.json").read_text())
+    assert meta["hook"] == "intact" and meta["exact_kinds"] == ["P2"]
+    with pytest.raises(UserError, match="nominees_topk: a positive count"):
+        IntactRerun.from_params({"intact_rerun": {**section, "nominees_topk": 0}})
+    with pytest.raises(UserError, match="exact_kinds: unknown kinds"):
+        IntactRerun.from_params({"intact_rerun": {**section, "exact_kinds": ["P3"]}})
+    with pytest.raises(UserError, match="intact_rerun: missing"):
+        IntactRerun.from_params({})

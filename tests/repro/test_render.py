@@ -14,7 +14,8 @@ TEMPLATES = REPO / "paper" / "templates"
 TABLE_IDS = {"table1": ["R-C3"],
              "table2": ["R-D1", "R-D2", "R-D3", "R-D4", "R-D5", "R-D17", "R-D22", "R-D30"],
              "table3": ["R-D6", "R-D12", "R-D13", "R-D15", "R-D17", "R-D22", "R-D27", "R-D30"],
-             "table44": ["R-D21", "R-D0"], "tableA_ksweep": ["R-D0"]}
+             "table43": ["R-D18"], "table44": ["R-D21", "R-D0"], "tableA_ksweep": ["R-D0"],
+             "table9": ["R-C8"], "table15": ["R-C13"], "table35": ["R-C7"], "table38": ["R-D19"]}
 # App. A's K sweep was lost in the extraction: no expected values, so the fixture writes its own
 K_SWEEP = {"k_sweep_k": [200, 1000], "k_sweep_completed_recall_validation": [0.81, 0.903],
            "k_sweep_completed_recall_test": [0.85, 0.936], "k_sweep_completed_recall_corpus": [0.84, 0.939],
@@ -40,6 +41,21 @@ def results(registry, tmp_path):
     write_fixture(d, "R-D21", {**paper_values(registry, "R-D21"),
                                **{k: {"value": x, "statistic": "micro-F1", "artifact": "fixture"}
                                   for k, x in extra.items()}})
+    # Table 43's per-note differences, the other pairs and every interval are the reader's own keys
+    pairs = {f"{f}_{e}_microf1_mistill_minus_{t}_vanilla": 0.01 for f in ("qwen", "smollm") for t in ("bf16", "fp32")
+             for e in ("per_note", "corpus")}
+    pairs["corpus_microf1_mistill_minus_bf16_vanilla"] = pairs.pop("qwen_corpus_microf1_mistill_minus_bf16_vanilla")
+    pairs.update({f"{k}_interval": [-0.007, 0.019] for k in list(pairs)})
+    write_fixture(d, "R-D18", {**paper_values(registry, "R-D18"),
+                               **{k: {"value": x, "statistic": "micro-F1 difference", "artifact": "fixture"}
+                                  for k, x in pairs.items() if k != "corpus_microf1_mistill_minus_bf16_vanilla"}})
+    # Table 38's Qwen3-4B row and the students' second denominator are the reader's own keys
+    qwen = {"qwen_event_coverage_p1": 100.0, "qwen_event_coverage_p2": 61.0, "qwen_event_coverage_p2c": 80.0,
+            "qwen_realized_events": 47000, "qwen_per_note_coverage_median": 0.8,
+            "qwen_aligned_subset_gain_vs_fp32": 0.041, "smollm_event_coverage_p1": 100.0,
+            "aligned_p2c_events": 1400, "knockin_denominator_students_p2c": [0.56, 0.68]}
+    write_fixture(d, "R-D19", {**paper_values(registry, "R-D19"),
+                               **{k: {"value": x, "statistic": "share", "artifact": "fixture"} for k, x in qwen.items()}})
     return d
 
 
@@ -51,8 +67,7 @@ def test_tables_render_every_cell_from_numbers_files(registry, results, tmp_path
     out = tmp_path / "build"
     report = render(registry, results, out)
     names = sorted(p.name for p in (out / "tables").iterdir())
-    assert names == ["table1.md", "table1.tex", "table2.md", "table2.tex", "table3.md", "table3.tex",
-                     "table44.md", "table44.tex", "tableA_ksweep.md", "tableA_ksweep.tex"]
+    assert names == sorted(f"{t}.{fmt}" for t in TABLE_IDS for fmt in ("md", "tex"))
     for name in names:
         assert MISSING not in (out / "tables" / name).read_text(), name
     assert not any(k.startswith("tables/") for k in report.missing)
@@ -64,9 +79,23 @@ def test_tables_render_every_cell_from_numbers_files(registry, results, tmp_path
     t3 = (out / "tables" / "table3.md").read_text()
     assert md_row(t3, "untrained")[1] == "0.946 (0.043)"
     assert md_row(t3, "Mistill, seeds")[3] == "0.873 / 0.870 / 0.874"
+    t43 = (out / "tables" / "table43.md").read_text()   # the paper prints +0.006 [-0.007, +0.019] (3 decimals)
+    assert md_row(t43, "Mistill minus bf16 Vanilla CoT-KD")[2] == "0.006 [−0.007, 0.019] |"
     t44 = (out / "tables" / "table44.md").read_text()
     assert md_row(t44, "retriever, top-20 codes")[1:] == ["0.217", "0.191", "0.249 |"]
     assert md_row(t44, "teacher (shortlist prompt)")[1:] == ["0.227", "–", "– |"]
+    t9 = (out / "tables" / "table9.md").read_text()
+    assert md_row(t9, "P2 top-40 shared")[1] == "30 |" and md_row(t9, "P2 top-8 shared")[1] == "5 |"
+    assert [md_row(t9, h)[1] for h in ("L39H10", "L39H29", "L39H12", "L37H6")] == ["2 |", "4 |", "3 |", "9 |"]
+    assert md_row(t9, "P2C top-40 shared")[1] == "31 |"
+    t35 = (out / "tables" / "table35.md").read_text()
+    assert md_row(t35, "P1 (chapter)")[1:] == ["0.55", "31", "0.92", "0.04 |"]
+    assert md_row(t35, "P2C (contrastive)")[1:] == ["0.55", "32", "0.85", "0.02 |"]
+    t15 = (out / "tables" / "table15.md").read_text()
+    assert "| top-40 shared by the halves (median; range over phases where two) | 36, 37 |" in t15
+    t38 = (out / "tables" / "table38.md").read_text()
+    assert md_row(t38, "SmolLM3-3B")[2:5] == ["53", "73", "41824"]
+    assert "teacher 0.71, students 0.560–0.680; contrastive events both realise: 1400." in t38
     ksweep = (out / "tables" / "tableA_ksweep.md").read_text()
     assert [md_row(ksweep, k) for k in ("200", "1000")] == [["| 200", "0.810", "0.850", "0.840", "230.0 |"],
                                                             ["| 1000", "0.903", "0.936", "0.939", "1012.5 |"]]

@@ -29,7 +29,7 @@ def config() -> CalibrationConfig:
 def test_the_demo_calibrates_with_four_replicates_of_one_perturbation_each(config):
     assert [r.name for r in config.replicates] == ["threads-1", "jitter-1", "jitter-2", "seed-1"]
     assert config.multiple == 4
-    assert config.results == ("R-D1", "R-D2", "R-D5", "R-D6")
+    assert config.results == ("R-D1", "R-D2", "R-D5", "R-D6", "R-D18", "R-D19")
 
 
 def test_replicate_params_override_the_active_profile_and_keep_the_alias(tmp_path):

@@ -15,7 +15,9 @@ from mistill.stats.bootstrap import (
     micro_f1,
     paired_bootstrap_mean_difference,
     paired_corpus_bootstrap_difference,
+    seed_matched_corpus_bootstrap_difference,
 )
+from mistill.stats.checks import StatsInputError
 
 # Fixed data with ties and a zero, as per-note values.
 VALUES = np.array([0.3, -0.1, 0.3, 0.0, 1.2, 0.3, -0.4, 0.8, 0.8, 0.05, 0.0, 2.0, -1.0, 0.3, 0.6])
@@ -148,6 +150,44 @@ def test_paired_corpus_difference_equals_brute_force_sklearn():
         f1_score(gold, pred_a, average="micro") - f1_score(gold, pred_b, average="micro")
     )
     assert (result.low, result.high) == pytest.approx(tuple(np.percentile(reps, [2.5, 97.5])), abs=1e-12)
+
+
+def test_seed_matched_corpus_difference_equals_brute_force_sklearn():
+    """Three seed pairs: each resample is the mean over pairs of the pooled micro-F1 differences."""
+    gold, _ = _multilabel(5)
+    preds_a = [_multilabel(s)[1] for s in (6, 7, 8)]
+    preds_b = [_multilabel(s)[1] for s in (9, 10, 11)]
+    result = seed_matched_corpus_bootstrap_difference(
+        [(_counts(gold, a), _counts(gold, b)) for a, b in zip(preds_a, preds_b)], n_resamples=150, seed=3
+    )
+    draws = np.random.default_rng(3).integers(0, gold.shape[0], size=(150, gold.shape[0]))
+
+    def difference(rows):
+        return np.mean([f1_score(gold[rows], a[rows], average="micro") - f1_score(gold[rows], b[rows], average="micro")
+                        for a, b in zip(preds_a, preds_b)])
+
+    assert result.estimate == pytest.approx(difference(np.arange(gold.shape[0])))
+    reps = [difference(d) for d in draws]
+    assert (result.low, result.high) == pytest.approx(tuple(np.percentile(reps, [2.5, 97.5])), abs=1e-12)
+    assert "mean over 3 seed pairs" in result.statistic
+
+
+def test_seed_matched_corpus_difference_with_one_pair_is_the_paired_bootstrap():
+    gold, pred_a = _multilabel(12)
+    _, pred_b = _multilabel(13)
+    a, b = _counts(gold, pred_a), _counts(gold, pred_b)
+    one = seed_matched_corpus_bootstrap_difference([(a, b)], n_resamples=300, seed=4)
+    paired = paired_corpus_bootstrap_difference(a, b, n_resamples=300, seed=4)
+    assert (one.estimate, one.low, one.high) == (paired.estimate, paired.low, paired.high)
+
+
+def test_seed_matched_corpus_difference_rejects_mismatched_notes():
+    gold, pred = _multilabel(14)
+    short = _counts(gold[:10], pred[:10])
+    with pytest.raises(StatsInputError, match="different note counts"):
+        seed_matched_corpus_bootstrap_difference([(_counts(gold, pred), short)])
+    with pytest.raises(StatsInputError, match="at least one"):
+        seed_matched_corpus_bootstrap_difference([])
 
 
 def test_corpus_bootstrap_default_is_ten_thousand_resamples_seed_zero():

@@ -135,6 +135,23 @@ def per_note_f1(arm: ArmSeed, notes) -> list[float]:
                     [list(n.gold_codes) for n in notes])
 
 
+def note_counts(arm: ArmSeed, notes):
+    """Each test note's tp / fp / fn for this run, after reproducing the run's stored corpus micro-F1
+    from them (App. L: "each run's pooled micro-F1 is first reproduced from its predictions")."""
+    from mistill.stats import NoteCounts, micro_f1
+
+    rows = [(set(pred), set(n.gold_codes))
+            for pred, n in zip(answers(arm.generations, notes, arm.path / "generations.jsonl"), notes)]
+    counts = NoteCounts(tp=[len(p & g) for p, g in rows], fp=[len(p - g) for p, g in rows],
+                        fn=[len(g - p) for p, g in rows])
+    pooled = float(micro_f1(counts.tp.sum(), counts.fp.sum(), counts.fn.sum()))
+    stored = arm.task.get("micro_f1")
+    if stored is None or abs(pooled - float(stored)) > 1e-9:
+        raise UserError(f"{arm.path}: micro-F1 from the generations ({pooled:.6f}) differs from task.json's "
+                        f"({stored}); re-score the run (mistill evaluate task) before reading it")
+    return counts
+
+
 def completed_precision_recall(arm: ArmSeed, notes) -> list[float]:
     """Corpus precision and recall over the notes whose generation is valid (App. L.1 "completed answers")."""
     tp = fp = fn = 0

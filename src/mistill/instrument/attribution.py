@@ -33,11 +33,12 @@ from mistill.instrument.events import Event, note_rng
 from mistill.instrument.hook import HeadHook, Replacement
 from mistill.instrument.margin import margin, margin_and_entropy
 from mistill.instrument.patching import (
+    EventVariants,
     Variants,
-    crop_to,
     forward_at,
     forward_variants,
     forward_variants_chunked,
+    one_head_mask,
     one_head_per_variant,
     run_variants,
 )
@@ -52,7 +53,6 @@ def first_order_batch(model, hook: HeadHook, cache, variants: Variants,
     and themselves only, so the gradient of the summed margins at variant b's head outputs is the
     gradient of variant b's own margin.
     """
-    crop_to(cache, max(variants.positions))
     with torch.enable_grad(), hook.gradient_leaves(mode) as leaves:
         logits = forward_at(model, hook, cache, variants.positions, variants.token_ids,
                             variants.replacement(range(len(variants))))
@@ -119,20 +119,18 @@ def exact_importance_batch(model, hook: HeadHook, cache, requests: Sequence[tupl
     requests: (event, heads) pairs; the token at event.pos - 1 is token_ids[event.pos - 1].
     Returns, per request, (clean margin, I_h of each of its heads).
     """
-    positions, tokens, masks, spans = [], [], [], []
-    for event, heads in requests:
-        q = event.pos - 1
-        mask = one_head_per_variant(hook.n_layers, hook.n_heads, heads)
-        spans.append((len(positions), len(positions) + mask.shape[1]))
-        positions += [q] * mask.shape[1]
-        tokens += [int(token_ids[q])] * mask.shape[1]
-        masks.append(mask)
     if not requests:
         return []
-    logits = run_variants(model, hook, cache, Variants(positions, tokens, torch.cat(masks, dim=1), mu),
-                          max_batch).logits
+    variants = EventVariants.build({i: e.pos - 1 for i, (e, _) in enumerate(requests)},
+                                   {i: token_ids[e.pos - 1] for i, (e, _) in enumerate(requests)},
+                                   {i: [torch.zeros(hook.n_layers, hook.n_heads, dtype=torch.bool),
+                                        *(one_head_mask(hook.n_layers, hook.n_heads, h) for h in heads)]
+                                    for i, (_, heads) in enumerate(requests)})
+    variants.values = mu
+    logits = run_variants(model, hook, cache, variants, max_batch).logits
     out = []
-    for (event, _), (lo, hi) in zip(requests, spans):
+    for i, (event, _) in enumerate(requests):
+        lo, hi = variants.spans[i]
         margins = margin(logits[lo:hi], event.target_id, event.competitor_ids)
         out.append((float(margins[0]), (margins[0] - margins[1:]).cpu().numpy()))
     return out

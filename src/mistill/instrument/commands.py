@@ -6,6 +6,8 @@
     knockin    necessity and knock-in per bin              -> <out>/<note>/patch2.jsonl, faithfulness2.json
     selftest   attribution fidelity vs exact patching      -> <out>/selftest.json (Table 8)
     all        the five in order, one model load (the HD-001 stage)
+    proxy      every head's c and m at the exactly patched P2C events -> <proxy-dir>/<note>/proxy.npz (R-D20)
+    intact     events, attribution (graph intact, exact P2) and calibration on the first notes -> intact_rerun.out_dir (R-C8)
 
 Paths and sizes come from the active profile's `instrument` section of params.yaml
 (the teacher's id, dtype and device from `models`); `--traces` and `--out-dir` run the
@@ -90,6 +92,27 @@ def _selftest(args) -> int:
     return 0
 
 
+def _proxy(args) -> int:
+    from pathlib import Path
+
+    from mistill.instrument.proxy import run_proxy
+
+    cfg, params = _config(args)
+    out = Path(args.proxy_dir or f"{cfg.out_dir}-proxy")
+    summary = run_proxy(cfg, params, out, limit=args.limit, force=args.force)
+    print(f"proxy: {summary['notes']} notes ({len(summary['skipped'])} skipped) -> {out}")
+    return 0
+
+
+def _intact(args) -> int:
+    from mistill.instrument.intact import run_intact
+
+    cfg, params = _config(args)
+    summary = run_intact(cfg, params, force=args.force)
+    print(f"intact re-run: calibrated {', '.join(summary['phases'])}")
+    return 0
+
+
 def _all(args) -> int:
     """Every pass in order: what the HD-001 stage runs (each pass resumes per note)."""
     from mistill.instrument.passes import (
@@ -130,3 +153,12 @@ def register(subparsers) -> None:
     _common(parser, resumable=False)
     parser.add_argument("--note", default=None, help="note id (default: the first with enough P1 events)")
     parser.set_defaults(func=_selftest)
+    parser = subparsers.add_parser("intact", help="the attribution pass again with the graph intact and exact P2 "
+                                   "patches on the first notes (params intact_rerun; R-C8)")
+    _common(parser)
+    parser.set_defaults(func=_intact)
+    parser = subparsers.add_parser("proxy", help="every head's contribution proxy c and region mass m at the P2C "
+                                   "events with exact patches (<proxy-dir>/<note>/proxy.npz)")
+    _common(parser)
+    parser.add_argument("--proxy-dir", default=None, help="output directory (default: <out-dir>-proxy)")
+    parser.set_defaults(func=_proxy)

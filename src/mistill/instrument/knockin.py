@@ -22,16 +22,16 @@ one event is one token of a batched forward against the shared cache, beside oth
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
 
 import numpy as np
 import torch
 
+from mistill.errors import UserError
 from mistill.instrument.attribution import nominees
 from mistill.instrument.events import DECISION_KINDS, Event, note_rng
 from mistill.instrument.hook import HeadHook
 from mistill.instrument.margin import margin
-from mistill.instrument.patching import Variants, prefill, run_variants
+from mistill.instrument.patching import EventVariants, one_head_mask, prefill, run_variants
 
 SET_KINDS = ("top", "random", "bottom", "own")
 
@@ -116,9 +116,10 @@ def faithfulness_note(model, hook: HeadHook, *, note_id: str, clean_ids: Sequenc
         p2c_heads = {i: nominees(p2c_first_order[e.pos], p2c_nominees_topk, p2c_global_top)
                      for i, e in enumerate(events) if e.kind == "P2C" and e.pos in p2c_first_order}
     clean_sets = {i: [nothing, *(masks[e.kind][k] for k in keys[e.kind]),
-                      *(_one_head(L, H, h) for h in p2c_heads.get(i, ()))] for i, e in enumerate(events)}
+                      *(one_head_mask(L, H, h) for h in p2c_heads.get(i, ()))] for i, e in enumerate(events)}
     clean = prefill(model, hook, clean_ids, reserve=max_batch)
-    ablations = EventVariants.build({i: e.pos - 1 for i, e in enumerate(events)}, events, clean_ids, clean_sets)
+    tokens = {i: clean_ids[e.pos - 1] for i, e in enumerate(events)}  # the clean token at each event
+    ablations = EventVariants.build({i: e.pos - 1 for i, e in enumerate(events)}, tokens, clean_sets)
     ablations.values = clean.mu
     run = run_variants(model, hook, clean.cache, ablations, max_batch,
                        record_rows=[ablations.spans[i][0] for i in range(len(events))])
@@ -144,7 +145,7 @@ def faithfulness_note(model, hook: HeadHook, *, note_id: str, clean_ids: Sequenc
     at_donor = {i: donor_events[j].pos - 1 for i, j in enumerate(matches) if j is not None}
     if at_donor:
         donor = prefill(model, hook, donor_ids, reserve=max_batch)
-        knock_ins = EventVariants.build(at_donor, events, clean_ids,
+        knock_ins = EventVariants.build(at_donor, tokens,
                                         {i: [nothing, everything, *(masks[events[i].kind][k]
                                                                     for k in keys[events[i].kind])]
                                          for i in at_donor})
@@ -159,39 +160,6 @@ def faithfulness_note(model, hook: HeadHook, *, note_id: str, clean_ids: Sequenc
     return rows
 
 
-def _one_head(n_layers: int, n_heads: int, head: tuple[int, int]) -> torch.Tensor:
-    mask = torch.zeros(n_layers, n_heads, dtype=torch.bool)
-    mask[head] = True
-    return mask
-
-
-@dataclass
-class EventVariants(Variants):
-    """Variants of several events: the event's clean token once per head set, at a position per event.
-
-    spans[i] is the variant range of event i; event_of[b] the event of variant b.
-    """
-
-    spans: dict[int, tuple[int, int]] = field(default_factory=dict)
-    event_of: list[int] = field(default_factory=list)
-
-    @classmethod
-    def build(cls, positions: Mapping[int, int], events: Sequence[Event], clean_ids: Sequence[int],
-              sets: Mapping[int, Sequence[torch.Tensor]]) -> EventVariants:
-        """positions: event index -> where its variants sit; sets: event index -> [L, H] masks."""
-        out = cls([], [])
-        columns = []
-        for i, q in positions.items():
-            token = int(clean_ids[events[i].pos - 1])
-            out.spans[i] = (len(out.positions), len(out.positions) + len(sets[i]))
-            out.positions += [q] * len(sets[i])
-            out.token_ids += [token] * len(sets[i])
-            out.event_of += [i] * len(sets[i])
-            columns += sets[i]
-        out.mask = torch.stack(columns, dim=1)
-        return out
-
-
 def _by_set(keys: Sequence[tuple[str, int]], values: Sequence[float]) -> dict:
     out: dict[str, dict[str, float]] = {}
     for (kind, k), v in zip(keys, values):
@@ -202,9 +170,21 @@ def _by_set(keys: Sequence[tuple[str, int]], values: Sequence[float]) -> dict:
 # ---- aggregation over notes (Table 1, Table 10, Table 14) -------------------------------------------
 
 
-def summarize(rows_by_note: Mapping[str, Sequence[dict]], *, bins: Sequence[int], min_range: float = 1.0) -> dict:
-    """Medians over notes of per-note means, sign tests against random, gate and validation numbers."""
+def summarize(rows_by_note: Mapping[str, Sequence[dict]], *, bins: Sequence[int], min_range: float = 1.0,
+              units: Mapping[str, str] | None = None) -> dict:
+    """Medians over notes of per-note means, sign tests against random, gate and validation numbers.
+
+    With `units` (note -> patient), every cell is re-aggregated with the patient as the unit: a patient's
+    notes' means are averaged first, then the median and the sign tests run over patients (App. C
+    "Patients"; each cell's n_notes then counts patients).
+    """
     from mistill.stats import knock_in_recovery, median_of_note_means, necessity, sign_test
+    from mistill.stats.effects import note_means
+
+    if units is not None:
+        missing = sorted(set(rows_by_note) - set(units))
+        if missing:
+            raise UserError(f"{len(missing)} notes (e.g. {missing[0]}) have no patient to re-aggregate by")
 
     out: dict = {"min_range": min_range, "phases": {}}
     for phase in DECISION_KINDS:
@@ -247,12 +227,15 @@ def summarize(rows_by_note: Mapping[str, Sequence[dict]], *, bins: Sequence[int]
                     if len(vals) == 0:
                         continue
                     summary = median_of_note_means(vals, notes)
-                    note_values[kind] = dict(zip(summary.note_ids, summary.note_means.tolist()))
+                    ids, means = summary.note_ids, summary.note_means
+                    if units is not None:
+                        ids, means = note_means(means, [units[n] for n in ids])
+                    note_values[kind] = dict(zip(ids, means.tolist()))
                     cell.setdefault(measure, {})[kind] = {
-                        "median": summary.estimate, "n_notes": summary.n_notes,
-                        "p10": float(np.percentile(summary.note_means, 10)),
-                        "p90": float(np.percentile(summary.note_means, 90)),
-                        "notes_above_half": int((summary.note_means > 0.5).sum())}
+                        "median": float(np.median(means)), "n_notes": len(ids),
+                        "p10": float(np.percentile(means, 10)),
+                        "p90": float(np.percentile(means, 90)),
+                        "notes_above_half": int((means > 0.5).sum())}
                 for other in ("random", "bottom", "own"):
                     if "top" in note_values and other in note_values:
                         shared = sorted(set(note_values["top"]) & set(note_values[other]))

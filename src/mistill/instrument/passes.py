@@ -15,7 +15,7 @@ from __future__ import annotations
 import json
 import re
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -95,13 +95,15 @@ def commit_artifact(path: Path, write: Callable[[Path], None], meta: dict) -> No
     write_json(_meta_path(path), {**meta, "sha256": file_sha256(path)})
 
 
-def config_sha256(cfg: InstrumentConfig) -> str:
-    """The hash of the instrument parameters an artifact was computed under (a local model by its files)."""
+def config_sha256(cfg: InstrumentConfig, **settings: Any) -> str:
+    """The hash of the instrument parameters an artifact was computed under (a local model by its files);
+    `settings` a pass adds beyond the profile's instrument section (the intact re-run's exact kinds)."""
     import hashlib
 
     from mistill.models.fingerprint import weights_fingerprint
 
     body = {k: v for k, v in cfg.as_dict().items() if k != "out_dir"}  # where it lies is not what it is
+    body.update(settings)
     # a path is not its weights: a teacher retrained in place is another teacher
     if cfg.teacher and Path(cfg.teacher).is_dir():
         body["teacher"] = weights_fingerprint(cfg.teacher)
@@ -389,8 +391,9 @@ def _notes_with_events(cfg: InstrumentConfig, limit: int | None = None) -> list[
 
 
 def run_attribution(cfg: InstrumentConfig, params: dict, *, model=None, tokenizer=None,
-                    limit: int | None = None, force: bool = False) -> None:
-    """First-order attribution at every event, exact patches of the nominees at P1 and half the NULLs."""
+                    limit: int | None = None, force: bool = False, exact_kinds: Sequence[str] = ("P1",)) -> None:
+    """First-order attribution at every event, exact patches of the nominees at `exact_kinds` (the paper's
+    pass: P1) and half the NULLs."""
     from mistill.instrument.attribution import RunningGlobalTop, attribute_note
     from mistill.instrument.hook import HeadHook
     from mistill.instrument.patching import prefill
@@ -401,7 +404,10 @@ def run_attribution(cfg: InstrumentConfig, params: dict, *, model=None, tokenize
     hook = HeadHook(model)
     running = RunningGlobalTop(hook.n_layers, hook.n_heads)
     out = Path(cfg.out_dir)
-    note_pass = NotePass("attribute", out, "attr.npz", load_attr, force, config_sha256(cfg))
+    # the paper's pass (exact P1) keeps the profile's hash; another choice of exact kinds is another artifact
+    extra = {} if tuple(exact_kinds) == ("P1",) else {"exact_kinds": sorted(exact_kinds)}
+    config = config_sha256(cfg, **extra)
+    note_pass = NotePass("attribute", out, "attr.npz", load_attr, force, config)
     try:
         # App. C: the running global top-16 depends on note order: the corpus order, logged in the meta.
         for n, (trace, events) in enumerate(tqdm(notes, desc="attribute", unit="note")):
@@ -415,12 +421,12 @@ def run_attribution(cfg: InstrumentConfig, params: dict, *, model=None, tokenize
                 pre = prefill(model, hook, ids, reserve=cfg.max_batch)
                 result = attribute_note(model, hook, pre.cache, pre.mu, ids, events, note_id=trace.note_id,
                                         mode=cfg.hook, nominees_topk=cfg.nominees_topk, global_top=global_top,
-                                        null_exact_share=cfg.null_exact_share, seed=cfg.seed,
-                                        max_batch=cfg.max_batch)
+                                        exact_kinds=tuple(exact_kinds), null_exact_share=cfg.null_exact_share,
+                                        seed=cfg.seed, max_batch=cfg.max_batch)
                 del pre
                 commit_artifact(path, lambda p, result=result: write_npz(p, **result.arrays()),
-                                {"note_index": n, "hook": cfg.hook, "global_top": global_top,
-                                 "config_sha256": config_sha256(cfg), "inputs_sha256": digest,
+                                {"note_index": n, "hook": cfg.hook, "global_top": global_top, **extra,
+                                 "config_sha256": config, "inputs_sha256": digest,
                                  "provenance": provenance(params, cfg.seed)})
                 note_pass.computed += 1
             arrays = load_attr(path)

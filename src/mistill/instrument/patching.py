@@ -25,8 +25,8 @@ DynamicCache would copy the whole cache on every forward.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
 
 import torch
 from transformers.cache_utils import Cache, DynamicLayer
@@ -306,6 +306,40 @@ class Variants:
         else:  # [B, L, H, D] -> [L, B, H, D], only this forward's rows
             values = self.values[torch.as_tensor([self.value_rows[b] for b in index])].transpose(0, 1)
         return Replacement(self.mask[:, torch.as_tensor(index)], values)
+
+
+@dataclass
+class EventVariants(Variants):
+    """Variants of several events: each event's token once per head set, at a position per event.
+
+    spans[i] is the variant range of event i; event_of[b] the event of variant b.
+    """
+
+    spans: dict[int, tuple[int, int]] = field(default_factory=dict)
+    event_of: list[int] = field(default_factory=list)
+
+    @classmethod
+    def build(cls, positions: Mapping[int, int], token_ids: Mapping[int, int],
+              sets: Mapping[int, Sequence[torch.Tensor]]) -> EventVariants:
+        """positions and token_ids: event index -> where its variants sit and their token;
+        sets: event index -> its [L, H] head masks, one variant each."""
+        out = cls([], [])
+        columns = []
+        for i, q in positions.items():
+            out.spans[i] = (len(out.positions), len(out.positions) + len(sets[i]))
+            out.positions += [q] * len(sets[i])
+            out.token_ids += [int(token_ids[i])] * len(sets[i])
+            out.event_of += [i] * len(sets[i])
+            columns += sets[i]
+        out.mask = torch.stack(columns, dim=1)
+        return out
+
+
+def one_head_mask(n_layers: int, n_heads: int, head: tuple[int, int]) -> torch.Tensor:
+    """[L, H] mask selecting one (layer, head)."""
+    mask = torch.zeros(n_layers, n_heads, dtype=torch.bool)
+    mask[head] = True
+    return mask
 
 
 @dataclass

@@ -73,11 +73,15 @@ HEAD_NAME = re.compile(r"^l(\d+)h(\d+)$")
 
 @dataclass(frozen=True)
 class NamedHeads:
-    """Heads whose own numbers R-C4 reports (params `readers.named_heads`), named l<layer>h<head>, 0-based."""
+    """Heads whose own numbers R-C4 and R-D20 report (params `readers.named_heads`), named l<layer>h<head>, 0-based."""
 
     leader: str | None = None                 # its I_c per phase and its top-k pool weights (the paper's L39H38)
     contrastive_specialist: str | None = None  # its rank at P1 and at P2C (the paper's L30H11)
     recurrent: list[str] = field(default_factory=list)  # notes with each in the per-note top-k (recurrence)
+    # final-layer heads whose direct path the proxy c sees, reported beside the specialist (L39H12, L39H10; R-D20)
+    direct_path: list[str] = field(default_factory=list)
+    # heads whose P2 rank R-C8 reports under both hooks (L39H10, L39H29, L39H12, L37H6)
+    intact_p2: list[str] = field(default_factory=list)
 
 
 @dataclass(frozen=True)
@@ -103,11 +107,12 @@ def reader_settings(params: dict) -> ReaderSettings:
     heads = section.get("named_heads") or {}
     if not isinstance(heads, dict):
         raise UserError(f"{where}.named_heads: must map roles to head names")
-    unknown = sorted(set(heads) - {"leader", "contrastive_specialist", "recurrent"})
+    unknown = sorted(set(heads) - {"leader", "contrastive_specialist", "recurrent", "direct_path", "intact_p2"})
     if unknown:
         raise UserError(f"{where}.named_heads: unknown role(s) {', '.join(unknown)}")
-    recurrent = heads.get("recurrent") or []
-    for name in [heads.get("leader"), heads.get("contrastive_specialist"), *recurrent]:
+    recurrent, direct_path = heads.get("recurrent") or [], heads.get("direct_path") or []
+    intact_p2 = heads.get("intact_p2") or []
+    for name in [heads.get("leader"), heads.get("contrastive_specialist"), *recurrent, *direct_path, *intact_p2]:
         if name is not None and not (isinstance(name, str) and HEAD_NAME.match(name)):
             raise UserError(f"{where}.named_heads: {name!r} is not a head name such as l39h38")
     return ReaderSettings(
@@ -115,7 +120,8 @@ def reader_settings(params: dict) -> ReaderSettings:
         layer_ranges=_layer_ranges(section.get("layer_ranges") or [], f"{where}.layer_ranges"),
         importance_share_layers=_layer_ranges(section.get("importance_share_layers") or [],
                                               f"{where}.importance_share_layers"),
-        named_heads=NamedHeads(heads.get("leader"), heads.get("contrastive_specialist"), list(recurrent)))
+        named_heads=NamedHeads(heads.get("leader"), heads.get("contrastive_specialist"), list(recurrent),
+                               list(direct_path), list(intact_p2)))
 
 
 def _layer_ranges(ranges, where: str) -> list[tuple[int, int]]:

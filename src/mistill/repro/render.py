@@ -3,7 +3,10 @@ r"""Rebuild the paper's tables and number macros from the numbers files.
 Every table is one jinja2 template in ``paper/templates/tables/`` that starts by
 declaring what it reads, ``{# reads: R-C3 #}``, and fetches each cell with
 ``v("R-C3", "knockin_top40_p1")`` (``v(id, key, i)`` for element i of a list
-value).  It is rendered twice, as LaTeX (``tables/<name>.tex``) and as Markdown
+value).  A key whose name carries a size or head names that the profile's params choose
+(``p2_top40_overlap`` on the paper, ``p2_top8_overlap`` on the demo) is found with
+``keys_like("R-C8", "p2_top(\d+)_overlap")``: the profile's keys of the result that match, each with
+its groups.  It is rendered twice, as LaTeX (``tables/<name>.tex``) and as Markdown
 readable on a code host (``tables/<name>.md``), through the shared layout
 ``_layout.j2``.  ``macros.tex`` holds one ``\newcommand`` per registered value.
 
@@ -133,8 +136,10 @@ def render_paper(registry: Registry, *, results_dir: str | Path, out_dir: str | 
     env.globals["pm"] = lambda mean, sd: Joined((mean, " ± ", sd))
     env.globals["floor"] = lambda value, floor_value: Joined((value, " (", floor_value, ")"))
     env.globals["seeds"] = lambda *cells: Joined(tuple(_interleave(cells, " / ")))
+    env.globals["ci"] = lambda estimate, low, high: Joined((estimate, " [", low, ", ", high, "]"))
     env.globals["decimals"] = lambda cell, digits: dataclasses.replace(cell, digits=int(digits))  # a column the paper never printed
     claims = claimed_numbers(registry, profile)
+    env.globals["keys_like"] = _keys_like(registry, numbers, profile)
     report = RenderReport(profile)
     out_dir = Path(out_dir)
 
@@ -305,6 +310,22 @@ def _lookup(registry: Registry, numbers: dict[str, NumbersFile], digits: dict[tu
                 claimed.add(label)
         return Cell(result_id, key, value, digits.get((result_id, key), DEFAULT_DIGITS))
     return v
+
+
+def _keys_like(registry: Registry, numbers: dict[str, NumbersFile], profile: str):
+    """`keys_like(id, pattern)`: the registered keys of a result under this profile (its expected values,
+    then its numbers file) that match `pattern` whole, as (key, groups), ordered by their numeric groups."""
+    def keys_like(result_id: str, pattern: str) -> list[tuple[str, tuple[str, ...]]]:
+        if result_id not in registry.results:
+            raise UserError(f"keys_like: unknown result id {result_id!r}")
+        keys = dict.fromkeys(registry.expected(profile).values.get(result_id, {}))
+        record = numbers.get(result_id)
+        registered = set(registry.registered_keys(result_id))
+        keys.update(dict.fromkeys(k for k in (record.values if record else ()) if k in registered))
+        regex = re.compile(pattern)
+        found = [(key, m.groups()) for key in keys if (m := regex.fullmatch(key))]
+        return sorted(found, key=lambda kg: [int(g) if g and g.isdigit() else 0 for g in kg[1]])
+    return keys_like
 
 
 def _declared_reads(path: Path, registry: Registry) -> list[str]:

@@ -20,6 +20,7 @@ from mistill.stats.bootstrap import (
     micro_f1,
     paired_bootstrap_mean_difference,
     paired_corpus_bootstrap_difference,
+    seed_matched_corpus_bootstrap_difference,
 )
 from mistill.stats.checks import StatsInputError, align_by_note
 from mistill.stats.clustered import mean_over_seeds, note_clustered_comparison
@@ -72,6 +73,7 @@ __all__ = [
     "paired_corpus_bootstrap_difference",
     "pooled_weights",
     "recurrence_test",
+    "seed_matched_corpus_bootstrap_difference",
     "sign_test",
     "spearman_over_heads",
     "split_half_stability",

@@ -299,27 +299,54 @@ def paired_corpus_bootstrap_difference(
 
     `boot_corpus_f1.py`: 10,000 resamples of the notes, seed 0.  Note order must match.
     """
-    for name, counts in (("counts_a", counts_a), ("counts_b", counts_b)):
-        if not isinstance(counts, NoteCounts):
-            raise StatsInputError(f"{name} must be a NoteCounts(tp, fp, fn)")
-    if counts_a.n != counts_b.n:
-        raise StatsInputError(f"paired arms cover different note counts: {counts_a.n} vs {counts_b.n}")
+    return seed_matched_corpus_bootstrap_difference(
+        [(counts_a, counts_b)], n_resamples=n_resamples, seed=seed, confidence=confidence, metric=metric
+    )
+
+
+def seed_matched_corpus_bootstrap_difference(
+    seed_pairs,
+    *,
+    n_resamples: int = 10_000,
+    seed: int = 0,
+    confidence: float = 0.95,
+    metric: CorpusMetric = micro_f1,
+) -> Interval:
+    """Corpus-level metric difference over seed-matched runs, notes resampled (Sec. 4.3, Table 43).
+
+    `seed_pairs` lists (arm run, reference run) NoteCounts on the same notes, seed i against
+    seed i (`clustered.matched_seed_pairs`).  The estimate and each resample are the mean over
+    the pairs of metric(arm) - metric(reference), every run pooled over the same drawn notes:
+    the corpus-level difference "over the three seed pairs" of the paper.  One pair is the plain
+    paired corpus bootstrap.
+    """
+    seed_pairs = list(seed_pairs)
+    if not seed_pairs:
+        raise StatsInputError("seed_pairs: at least one (arm, reference) pair of NoteCounts")
+    for i, pair in enumerate(seed_pairs):
+        if len(pair) != 2 or not all(isinstance(c, NoteCounts) for c in pair):
+            raise StatsInputError(f"seed_pairs[{i}] must be an (arm, reference) pair of NoteCounts")
+    n_notes = {c.n for pair in seed_pairs for c in pair}
+    if len(n_notes) != 1:
+        raise StatsInputError(f"paired runs cover different note counts: {sorted(n_notes)}")
     n_resamples = as_count(n_resamples, "n_resamples")
     seed = as_seed(seed)
     confidence = as_confidence(confidence)
-    estimate = _pooled_metric(counts_a, metric) - _pooled_metric(counts_b, metric)
-    reps_a, reps_b = _resampled_metric([counts_a.matrix(), counts_b.matrix()], metric, n_resamples, seed)
-    low, high = _percentiles(reps_a - reps_b, confidence)
+    estimate = float(np.mean([_pooled_metric(a, metric) - _pooled_metric(b, metric) for a, b in seed_pairs]))
+    replicates = _resampled_metric([c.matrix() for pair in seed_pairs for c in pair], metric, n_resamples, seed)
+    differences = np.mean([replicates[2 * i] - replicates[2 * i + 1] for i in range(len(seed_pairs))], axis=0)
+    low, high = _percentiles(differences, confidence)
+    pairs = f", mean over {len(seed_pairs)} seed pairs" if len(seed_pairs) > 1 else ""
     return Interval(
         estimate=estimate,
         low=float(low),
         high=float(high),
         confidence=confidence,
-        n=counts_a.n,
+        n=n_notes.pop(),
         n_resamples=n_resamples,
         seed=seed,
         statistic=(
-            f"difference of corpus-level {getattr(metric, '__name__', 'metric')}, notes resampled, "
+            f"difference of corpus-level {getattr(metric, '__name__', 'metric')}{pairs}, notes resampled, "
             f"percentile bootstrap {confidence:.0%} ({n_resamples} resamples, seed {seed})"
         ),
     )

@@ -1,0 +1,159 @@
+"""R-C13 (App. C "Patients", App. D Table 15): the characterization with patients as the unit.
+
+* Re-aggregation: HD-001's knock-in rows summarised again with each note mapped to its patient
+  (`knockin.summarize(..., units=)`: a patient's prompt variants' per-note means averaged first).
+  The per-trace summary is recomputed first and must equal faithfulness2.json, else the reader
+  stops (the paper's "fails if the 100-trace cells stop matching").  Reported: the largest move of
+  any knock-in median (every phase, bin and set), of any P1 and P2C necessity median, and the
+  range of the P2 necessity medians' change over the bins (top sets).
+* Split halves: the patients split into random halves (`stats.split_half_stability`, 200 splits,
+  seed 0), each half ranking heads by its mean calibrated I_c (calibration.npz), HD-001 and the
+  shortlist run HD-002.  Reconstructed from App. D's prose (Table 15's body was lost): the top-k
+  overlap of the halves at params readers.split_half_k (the paper's 8 and 40), the first on the
+  chapter ranking (P1), the second as the range over phases; the halves' Spearman as the range over
+  HD-001's phases, and the shortlist run's lowest phase median (the paper's P2C, 0.63).
+
+The forcing-suffix locus re-runs and the teacher's read side are other passes (registry R-C13,
+unproduced_keys).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from mistill.errors import UserError
+from mistill.instrument.knockin import SET_KINDS, summarize
+from mistill.instrument.readout import (
+    PHASES,
+    active_params,
+    emit,
+    instrument_dir,
+    load_json,
+    reader_args,
+    value,
+)
+from mistill.io import read_jsonl, read_npz
+from mistill.models.traces import TRACE_SETS
+from mistill.models.world_files import data_dir
+from mistill.stats import split_half_stability
+
+READER = "readers/r_c13.py"
+N_SPLITS, SPLIT_SEED = 200, 0
+MEASURES = ("necessity", "knockin")
+
+
+def split_half_k(params: dict) -> tuple[int, int]:
+    ks = (params.get("readers") or {}).get("split_half_k")
+    if not (isinstance(ks, list) and len(ks) == 2 and all(isinstance(k, int) and k > 0 for k in ks) and ks[0] < ks[1]):
+        raise UserError(f"params.yaml readers.split_half_k: two increasing set sizes such as [8, 40], got {ks!r}")
+    return ks[0], ks[1]
+
+
+def keys(params: dict) -> list[str]:
+    """Every key this reader can write under `params`."""
+    small, large = split_half_k(params)
+    return ["knockin_median_shift_patient_unit_max", "necessity_median_shift_patient_unit_max_p1_p2c",
+            "p2_necessity_rise_patient_unit", f"split_half_top{small}_overlap", f"split_half_top{large}_overlap",
+            "split_half_spearman_full", "split_half_spearman_shortlist_p2c_min", "patient_units_notes_patients"]
+
+
+def patients(params: dict) -> dict[str, str]:
+    """note -> patient of the characterization notes (the notes files of TR-006)."""
+    from mistill.world.notes import load_notes
+
+    out = {}
+    for name in TRACE_SETS["TR-006"][0]:
+        out.update({n.note_id: n.patient_id for n in load_notes(data_dir(params) / name)})
+    return out
+
+
+def _cells(summary: dict):
+    """(phase, bin, measure, set kind) -> median of every cell of a knock-in summary."""
+    return {(p, k, m, s): cell[m][s]["median"] for p, entry in summary["phases"].items()
+            for k, cell in entry["bins"].items() for m in MEASURES if m in cell
+            for s in SET_KINDS if s in cell[m]}
+
+
+def _split_halves(run: Path, units: dict[str, str], ks: tuple[int, int]) -> dict[str, object]:
+    cal = read_npz(run / "calibration.npz", "calibration arrays")
+    out = {}
+    for phase in PHASES:
+        if f"ic_{phase}" not in cal:
+            continue
+        notes = cal[f"notes_{phase}"].tolist()
+        missing = [n for n in notes if n not in units]
+        if missing:
+            raise UserError(f"{run}: note {missing[0]} has no patient in the characterization notes")
+        out[phase] = split_half_stability(cal[f"ic_{phase}"], [units[n] for n in notes], n_splits=N_SPLITS,
+                                          seed=SPLIT_SEED, ks=ks, full_k=ks[1])
+    if not out:
+        raise UserError(f"{run}/calibration.npz: no per-note I_c; run the calibration pass first")
+    return out
+
+
+def compute_values(params: dict) -> tuple[dict, list[Path]]:
+    hd = instrument_dir(params)
+    faith_path = hd / "faithfulness2.json"
+    faith = load_json(faith_path)
+    units = patients(params)
+    rows = {p.parent.name: read_jsonl(p) for p in sorted(hd.glob("*/patch2.jsonl"))}
+    if not rows:
+        raise UserError(f"{hd}: no knock-in rows (run `mistill instrument all` first)")
+    per_trace = summarize(rows, bins=faith["bins"], min_range=faith["min_range"])
+    stored = _cells(faith)
+    if _cells(per_trace) != stored:
+        raise UserError(f"{faith_path}: its cells differ from the knock-in rows' summary; rerun the knock-in pass")
+    per_patient = _cells(summarize(rows, bins=faith["bins"], min_range=faith["min_range"], units=units))
+    shift = {key: per_patient[key] - median for key, median in stored.items()}
+    n_patients = len({units[n] for n in rows})
+    where = f"{hd}/*/patch2.jsonl"
+    v = {
+        "knockin_median_shift_patient_unit_max": value(
+            max(abs(d) for (_, _, m, _), d in shift.items() if m == "knockin"),
+            f"max abs shift of a knock-in median (every phase, bin and set) with {n_patients} patients as units "
+            f"instead of {len(rows)} notes", where),
+        "necessity_median_shift_patient_unit_max_p1_p2c": value(
+            max(abs(d) for (p, _, m, _), d in shift.items() if m == "necessity" and p in ("P1", "P2C")),
+            "max abs shift of the P1 and P2C necessity medians with patients as units", where),
+        "p2_necessity_rise_patient_unit": value(
+            [min(d for (p, _, m, s), d in shift.items() if (p, m, s) == ("P2", "necessity", "top")),
+             max(d for (p, _, m, s), d in shift.items() if (p, m, s) == ("P2", "necessity", "top"))],
+            "range over bins of the change of the P2 necessity median (top sets) with patients as units", where),
+        "patient_units_notes_patients": value([len(rows), n_patients], "count of notes and of patients", where),
+    }
+    small, large = split_half_k(params)
+    full = _split_halves(hd, units, (small, large))
+    # the shortlist run: where the distillation's teacher head sets come from (HD-002)
+    shortlist_dir = Path((params.get("distill") or {}).get("teacher_head_sets") or hd / "none").parent
+    art = f"{hd}/calibration.npz"
+    splits = f"{N_SPLITS} random patient halves, seed {SPLIT_SEED}"
+    if "P1" in full:
+        v[f"split_half_top{small}_overlap"] = value(full["P1"].median_overlap[small], f"median over {splits} of the "
+                                                     f"top-{small} overlap of the halves' P1 rankings", art)
+    overlaps = [s.median_overlap[large] for s in full.values()]
+    v[f"split_half_top{large}_overlap"] = value([min(overlaps), max(overlaps)], f"range over phases of the median "
+                                                f"over {splits} of the top-{large} overlap of the halves", art)
+    rhos = [s.median_spearman for s in full.values()]
+    v["split_half_spearman_full"] = value([min(rhos), max(rhos)], f"range over phases of the median over {splits} "
+                                          "of the Spearman of the halves' rankings, full inventory", art)
+    inputs = [faith_path, *(hd / n / "patch2.jsonl" for n in rows), hd / "calibration.npz"]
+    if (shortlist_dir / "calibration.npz").is_file():
+        short = _split_halves(shortlist_dir, units, (small, large))
+        phase = min(short, key=lambda p: short[p].median_spearman)
+        v["split_half_spearman_shortlist_p2c_min"] = value(
+            short[phase].median_spearman, f"lowest over phases ({phase}) of the median over {splits} of the "
+            "Spearman of the halves' rankings, shortlist traces", f"{shortlist_dir}/calibration.npz")
+        inputs.append(shortlist_dir / "calibration.npz")
+    return v, inputs
+
+
+def main() -> int:
+    args = reader_args(__doc__.splitlines()[0])
+    params = active_params(args.profile)
+    values, inputs = compute_values(params)
+    emit("R-C13", values, reader=READER, inputs=inputs, params=params, strict=args.strict, declared=keys(params))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

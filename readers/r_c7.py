@@ -1,0 +1,107 @@
+"""R-C7 (Sec. 3.5, App. G, Table 35): the characterization on the shortlist prompts (HD-002) against the full
+inventory (HD-001).
+
+Both runs are the same instrument on one new teacher trace per characterization note: TR-006 (full
+inventory, HD-001) and TR-007 (its RT-003 shortlist, HD-002).  Per phase: the Spearman of the two
+calibrated rankings over every head (mean I_c over notes), the overlap of their top-k at the pool size
+(instrument.calibration.pool_k, the paper's top-40) and at the necessity size (readers.necessity_k, its
+top-8); HD-002's knock-in of its own global top-k at readers.knockin_k (the paper's top-40) beside the
+random-k floor, and its chapter top-k knock-in at the necessity size, with HD-001's value beside it.
+
+The prose locus, the prose-time set and the teacher's read side on HD-002 come from passes that are
+not stages yet (registry R-C7, unproduced_keys).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from mistill.instrument.global_sets import phase_scores
+from mistill.instrument.readout import (
+    PHASES,
+    active_params,
+    emit,
+    instrument_dir,
+    load_json,
+    reader_args,
+    reader_settings,
+    value,
+)
+from mistill.stats import spearman_over_heads, top_k_overlap
+
+READER = "readers/r_c7.py"
+
+
+def shortlist_dir(params: dict) -> Path:
+    """The shortlist run: where the distillation's teacher head sets come from (HD-002)."""
+    return Path(params["distill"]["teacher_head_sets"]).parent
+
+
+def keys(params: dict) -> list[str]:
+    """Every key this reader can write under `params`."""
+    pool_k = params["instrument"]["calibration"]["pool_k"]
+    settings = reader_settings(params)
+    small, knock = settings.necessity_k, settings.knockin_k
+    out = []
+    for p in (p.lower() for p in PHASES):
+        out += [f"ic_spearman_full_vs_shortlist_{p}", f"top{pool_k}_overlap_{p}", f"hd002_knockin_top{knock}_{p}"]
+    return out + [f"top{small}_overlap_p1_p2_p2c", f"hd002_random{knock}_knockin_p1_p2_p2c",
+                  f"hd002_chapter_top{small}_knockin"]
+
+
+def _knockin(faith: dict, phase: str, k: int, kind: str) -> float | None:
+    cell = faith["phases"].get(phase, {}).get("bins", {}).get(str(k), {})
+    return cell.get("knockin", {}).get(kind, {}).get("median")
+
+
+def compute_values(params: dict) -> tuple[dict, list[Path]]:
+    full_dir, short_dir = instrument_dir(params), shortlist_dir(params)
+    full, short = load_json(full_dir / "head_sets_contrast.json"), load_json(short_dir / "head_sets_contrast.json")
+    faith_full, faith_short = load_json(full_dir / "faithfulness2.json"), load_json(short_dir / "faithfulness2.json")
+    pool_k = params["instrument"]["calibration"]["pool_k"]
+    settings = reader_settings(params)
+    small, knock = settings.necessity_k, settings.knockin_k
+    sets_art = f"{full_dir}/head_sets_contrast.json, {short_dir}/head_sets_contrast.json"
+    v: dict = {}
+    small_overlaps = []
+    for phase in PHASES:
+        a, b = phase_scores(full, phase), phase_scores(short, phase)
+        rho = spearman_over_heads(a, b)
+        p = phase.lower()
+        v[f"ic_spearman_full_vs_shortlist_{p}"] = value(rho.rho, f"Spearman over {a.size} heads of mean I_c, full "
+                                                        f"inventory against shortlist, {phase}", sets_art)
+        v[f"top{pool_k}_overlap_{p}"] = value(top_k_overlap(a, b, pool_k), f"count of {pool_k} heads in both runs' "
+                                              f"top-{pool_k}, {phase}", sets_art)
+        small_overlaps.append(top_k_overlap(a, b, small))
+        median = _knockin(faith_short, phase, knock, "top")
+        if median is not None:
+            v[f"hd002_knockin_top{knock}_{p}"] = value(median, f"median over notes of knock-in recovery of the global "
+                                                       f"top-{knock}, shortlist traces, {phase}",
+                                                       short_dir / "faithfulness2.json")
+    v[f"top{small}_overlap_p1_p2_p2c"] = value(small_overlaps, f"counts of {small} heads in both runs' top-{small}, "
+                                               "[P1, P2, P2C]", sets_art)
+    randoms = [_knockin(faith_short, phase, knock, "random") for phase in PHASES]
+    if all(r is not None for r in randoms):
+        v[f"hd002_random{knock}_knockin_p1_p2_p2c"] = value(randoms, f"medians over notes of knock-in recovery of "
+                                                            f"random-{knock} sets, shortlist traces, [P1, P2, P2C]",
+                                                            short_dir / "faithfulness2.json")
+    chapter, chapter_full = _knockin(faith_short, "P1", small, "top"), _knockin(faith_full, "P1", small, "top")
+    if chapter is not None and chapter_full is not None:
+        v[f"hd002_chapter_top{small}_knockin"] = value(chapter, f"median over notes of the chapter top-{small} "
+                                                       f"knock-in, shortlist traces (full inventory {chapter_full:.3g})",
+                                                       f"{short_dir}/faithfulness2.json, {full_dir}/faithfulness2.json")
+    inputs = [full_dir / "head_sets_contrast.json", short_dir / "head_sets_contrast.json",
+              full_dir / "faithfulness2.json", short_dir / "faithfulness2.json"]
+    return v, inputs
+
+
+def main() -> int:
+    args = reader_args(__doc__.splitlines()[0])
+    params = active_params(args.profile)
+    values, inputs = compute_values(params)
+    emit("R-C7", values, reader=READER, inputs=inputs, params=params, strict=args.strict, declared=keys(params))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
