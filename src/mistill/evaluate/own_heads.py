@@ -382,14 +382,30 @@ def load_student(spec: str, params: dict, student_key: str | None = None):
 
 def run_chain(model_spec: str, arm: str, seed: int, params: dict, *, stages: Sequence[str] = STAGES,
               student_key: str | None = None, limit: int | None = None, force: bool = False,
-              model=None, tokenizer=None, teacher_tokenizer=None) -> dict:
-    """Stages (a) (b) (c) for one arm and seed; returns {stage: wall seconds} (also in `<dir>.timing.json`)."""
+              model=None, tokenizer=None, teacher_tokenizer=None, out_root: str | Path | None = None,
+              heads_from: str | Path | None = None) -> dict:
+    """Stages (a) (b) (c) for one arm and seed; returns {stage: wall seconds} (also in `<dir>.timing.json`).
+
+    `out_root` puts HD-S/ and M6/ under another directory than params `paths.artifacts` (a second read
+    of one checkpoint, App. L.6); `heads_from` names an HD-S directory whose ranking the knock-in and
+    read side use instead of the run's own (the knock-in without the attribution pre-pass, App. L.6).
+    """
     unknown = [s for s in stages if s not in STAGES]
     if unknown:
         raise UserError(f"unknown own-heads stage(s) {', '.join(unknown)}; known: {', '.join(STAGES)}")
+    if heads_from is not None and "attribute" in stages:
+        raise UserError("--heads-from reads another run's head sets: run the knockin or readside stages with it, "
+                        "not attribute")
     cfg = OwnHeadsConfig.from_params(params)
-    inst = InstrumentConfig.from_params(params)
+    if out_root is not None:
+        cfg = dataclasses.replace(cfg, artifacts=str(out_root))
     hd_dir, m6_dir = arm_dirs(cfg.artifacts, arm, seed)
+    if heads_from is not None:
+        hd_dir = Path(heads_from)
+        if not (hd_dir / "head_sets_contrast.json").exists():
+            raise UserError(f"--heads-from {hd_dir}: no head_sets_contrast.json (run the arm's own-heads "
+                            "attribution first)")
+    inst = InstrumentConfig.from_params(params)
     if model is None:
         model, tokenizer = load_student(model_spec, params, student_key)
     if teacher_tokenizer is None:

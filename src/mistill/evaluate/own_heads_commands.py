@@ -27,7 +27,7 @@ def cmd_own_heads(args) -> int:
     set_threads(params["models"], args.threads)
     stages = [s.strip() for s in args.stages.split(",") if s.strip()] if args.stages else list(STAGES)
     timing = run_chain(args.model, args.arm, int(args.seed), params, stages=stages, student_key=args.student,
-                       limit=args.limit, force=args.force)
+                       limit=args.limit, force=args.force, out_root=args.out_root, heads_from=args.heads_from)
     print("own-heads " + f"{args.arm}-s{args.seed}: " + " ".join(f"{k}={v:.1f}s" for k, v in timing.items()))
     return 0
 
@@ -67,6 +67,9 @@ def register(subparsers) -> None:
     p.add_argument("--limit", type=int, help="only the first N notes of each trace set (smoke runs)")
     p.add_argument("--force", action="store_true", help="recompute per-note artifacts that are already valid")
     p.add_argument("--threads", type=int, help="intra-op threads (default: params models.threads)")
+    p.add_argument("--out-root", help="write HD-S/ and M6/ under this directory (default: params paths.artifacts)")
+    p.add_argument("--heads-from", help="an HD-S/<arm>-s<seed> directory whose ranking the knock-in and read side "
+                                        "use (no attribution pre-pass)")
     p.set_defaults(func=cmd_own_heads)
 
     p = subparsers.add_parser("compare", help="two arms' own-heads readouts, seed-matched and note-clustered")
