@@ -48,7 +48,6 @@ def compute_values(params: dict) -> tuple[dict, list[Path]]:
     summary = reread_summary(first, gate, second, bins=cfg.bins, stats=StatsParams.from_params(params),
                              min_range=cfg.min_range)
     k, per_note = summary["k"], summary["per_note"]
-    cell = f"{first.arm} seed {first.seed}"
     chain, gated, again = str(first.m6), str(gate.m6), f"{second.hd}, {second.m6}"
 
     def value(v, statistic: str, artifact: str) -> dict:
@@ -57,20 +56,19 @@ def compute_values(params: dict) -> tuple[dict, list[Path]]:
     v = {
         "gate_largest_difference": value(
             summary["gate_largest_difference"], f"max over phases and k in {list(cfg.bins)} of |median over notes of "
-            f"per-note own top-k recovery, knock-in alone on the stored head sets - the chain's| ({cell})",
-            f"{chain}, {gated}"),
+            "per-note own top-k recovery, knock-in alone on the stored head sets - the chain|", f"{chain}, {gated}"),
         "crosshw_sign_p_p2c_p2_p1": value(
             [per_note[p]["sign_p"] for p in PHASES], f"two-sided sign test over notes of the per-note own top-{k} "
             "recovery difference, second read - first; [P2C, P2, P1]", f"{chain}, {again}"),
         "crosshw_median_read_difference": value(
-            summary["p2c_cell_difference"], f"median over notes of own top-{k} P2C recovery, second read minus first "
-            f"({cell})", f"{chain}, {again}"),
+            summary["p2c_cell_difference"], f"median over notes of own top-{k} P2C recovery, second read minus first",
+            f"{chain}, {again}"),
         "gate_raw_margin_difference": value(
             summary["clean_margin_difference"], f"nats, median over {summary['clean_margin_events']} knock-in events "
             "of |clean margin, second read - first|", f"{chain}, {again}"),
         "crosshw_same_top_k_phases": value(
-            summary["same_top_k_phases"], f"count of {summary['ranked_phases']} phases whose own top-{k} heads are "
-            "the same set in both reads", f"{first.hd}, {second.hd}"),
+            summary["same_top_k_phases"], f"count of {summary['ranked_phases']} phases with the same own top-{k} "
+            "set in both reads", f"{first.hd}, {second.hd}"),
     }
     for phase in PHASES:
         c = per_note[phase]

@@ -287,6 +287,33 @@ def test_r_d6_writes_the_paper_keys_on_paper_shaped_own_heads_artifacts(tmp_path
     assert set(REGISTRY.expected("paper").values["R-D6"]) <= set(values)
 
 
+
+def test_r_d16_writes_the_paper_keys_on_three_paper_shaped_reads(tmp_path):
+    """The arm's chain, its gate and its second read, each with paper-sized bins and a 36 x 32 head ranking."""
+    params = copy.deepcopy(PAPER_PARAMS)
+    params["paths"] = {"artifacts": str(tmp_path / "artifacts"), "results": str(tmp_path / "results")}
+    params["stats"]["bootstrap_resamples"] = 200
+    section, reread = params["evaluate"]["own_heads"], params["reread"]
+    reread.update(gate_dir=str(tmp_path / "gate"), second_read_dir=str(tmp_path / "second"))
+    bins, notes, rng = section["bins"], [f"n{i}" for i in range(6)], np.random.default_rng(5)
+    scores = rng.normal(size=36 * 32)
+    for root in (tmp_path / "artifacts", tmp_path / "gate", tmp_path / "second"):
+        hd, m6 = arm_dirs(root, reread["arm"], reread["seed"])
+        for note in notes:
+            write_jsonl(m6 / note / "patch2.jsonl", [
+                {"kind": kind, "pos": 1 + i, "margin_clean": 2.0 + rng.normal(0, 1e-3), "margin_corr": 0.0,
+                 "margin_all": 2.0, "knockin": {"top": {str(k): 2.0 * rng.uniform() for k in bins}}}
+                for i, kind in enumerate(PHASES)])
+        write_json(m6 / "faithfulness2.json", {"notes": notes, "bins": bins, "phases": {}})
+        write_json(hd / "head_sets_contrast.json", {"n_layers": 36, "n_heads": 32, "phases": {
+            p: [{"layer": h // 32, "head": h % 32, "ic": float(scores[h])} for h in range(36 * 32)] for p in PHASES}})
+    module = reader("R-D16")
+    values, _ = module.compute_values(params)
+    _assert_writes_what_it_lists(module, params, values)
+    assert set(REGISTRY.expected("paper").values["R-D16"]) <= set(values)
+    assert values["crosshw_same_top_k_phases"]["value"] == 3
+
+
 def test_every_demo_reader_lists_its_keys():
     for rid in DEMO_IDS:
         keys = reader(rid).keys(PAPER_PARAMS)

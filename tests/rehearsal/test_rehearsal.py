@@ -22,7 +22,7 @@ from tests.repro.repro_helpers import REPO
 
 pytestmark = pytest.mark.slow
 
-IDS = ("R-D0", "R-D1", "R-D2", "R-D5", "R-D6", "R-D18", "R-D21")
+IDS = ("R-D0", "R-D1", "R-D2", "R-D5", "R-D6", "R-D16", "R-D18", "R-D21")
 STUDENTS = ("qwen", "smol")
 TRAINED = {"DT-000": ("vanilla", ("fp32", "bf16")), "DT-001": ("mistill", ("bf16",))}
 SEEDS = (0, 1, 2)

@@ -106,7 +106,10 @@ def test_invariants_are_checked_by_their_own_tolerance():
     assert set(invariants) == {("R-C2", "ic_split_half_null_discoveries"),
                                ("R-C2", "all_heads_knockin_minus_clean_margin"),
                                ("R-C2", "all_heads_knockin_minus_clean_max_abs"),
-                               ("R-D6", "own_all_heads_knockin_minus_clean_max_abs")}
+                               ("R-D6", "own_all_heads_knockin_minus_clean_max_abs"),
+                               ("R-D16", "gate_largest_difference"), ("R-D16", "crosshw_same_top_k_phases")}
+    same_top_k = invariants.pop(("R-D16", "crosshw_same_top_k_phases"))
+    assert same_top_k.value == 3 and same_top_k.tolerance.exact       # every phase of P1, P2, P2C
     assert {exp.value for exp in invariants.values()} == {0}
     assert invariants[("R-C2", "ic_split_half_null_discoveries")].tolerance.exact
     assert invariants[("R-D6", "own_all_heads_knockin_minus_clean_max_abs")].tolerance.absolute == 1e-4

@@ -42,7 +42,8 @@ from typing import Any
 from mistill.errors import UserError
 
 PROFILE = "rehearsal"
-TARGETS = ("R-D6", "R-D1", "R-D2", "R-D5", "R-D0", "R-D21", "R-D18")   # the distillation chain (every arm, seed and loader), its setup
+# the distillation chain (every arm, seed and loader), its setup, its instrument checks
+TARGETS = ("R-D6", "R-D1", "R-D2", "R-D5", "R-D0", "R-D21", "R-D18", "R-D16")
 COPIED = ("dvc.yaml", "registry.yaml", "readers", "src/mistill", "results/expected")
 FAKES = Path("tests") / "fakes"
 STAND_INS = "stand-ins"
