@@ -25,6 +25,10 @@ def cmd_own_heads(args) -> int:
 
     params = _params()
     set_threads(params["models"], args.threads)
+    if args.attn_implementation:   # the chain's model loads with it; provenance records it
+        instrument = params.get("instrument") or {}
+        params = {**params, "instrument": {**instrument, "attribution": {
+            **(instrument.get("attribution") or {}), "attn_implementation": args.attn_implementation}}}
     stages = [s.strip() for s in args.stages.split(",") if s.strip()] if args.stages else list(STAGES)
     timing = run_chain(args.model, args.arm, int(args.seed), params, stages=stages, student_key=args.student,
                        limit=args.limit, force=args.force, out_root=args.out_root, heads_from=args.heads_from)
@@ -67,6 +71,8 @@ def register(subparsers) -> None:
     p.add_argument("--limit", type=int, help="only the first N notes of each trace set (smoke runs)")
     p.add_argument("--force", action="store_true", help="recompute per-note artifacts that are already valid")
     p.add_argument("--threads", type=int, help="intra-op threads (default: params models.threads)")
+    p.add_argument("--attn-implementation", choices=("eager", "sdpa"),
+                   help="attention kernels (default: params instrument.attribution.attn_implementation)")
     p.add_argument("--out-root", help="write HD-S/ and M6/ under this directory (default: params paths.artifacts)")
     p.add_argument("--heads-from", help="an HD-S/<arm>-s<seed> directory whose ranking the knock-in and read side "
                                         "use (no attribution pre-pass)")

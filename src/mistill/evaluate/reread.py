@@ -9,8 +9,8 @@ executed:
   between the two runs' cell values: per phase and knock-in size, the median over notes of the
   per-note mean recovery of the own top-k (App. K, M4);
 * the second read: the whole chain (attribution, knock-in, read side) run again on the same
-  checkpoint under other kernels (the paper: another GPU type; the demo: another intra-op thread
-  count, which changes the order of the GEMMs' partial sums). Reported per phase as the median over
+  checkpoint under other kernels (the paper: another GPU type; on a CPU: eager attention instead of
+  sdpa and another thread count, which change the order of the sums). Reported per phase as the median over
   notes of the per-note recovery difference (second minus first) and its two-sided sign test, the
   difference of the two reads' P2C cell medians, the median absolute difference of the clean
   margins at the same events, and how many phases keep the identical own top-k.
