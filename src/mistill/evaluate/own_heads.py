@@ -56,6 +56,7 @@ from mistill.instrument.passes import (
     model_input,
 )
 from mistill.io import provenance, read_jsonl, write_json, write_jsonl
+from mistill.shard import current as current_shard
 
 STAGES = ("attribute", "knockin", "readside")
 
@@ -182,8 +183,7 @@ def write_realized_events(traces: Sequence[Trace], events_dir: Path, out_dir: Pa
     """<out_dir>/<note>/events.jsonl for every trace with teacher events (resumable per note)."""
     note_pass = NotePass("realize", out_dir, "events.jsonl", load_events, force)
     tokenizers = _digest(tokenizer_key(teacher_tokenizer), tokenizer_key(tokenizer))
-    out: dict[str, list[Event]] = {}
-    for trace in tqdm(traces, desc="realize events", unit="note"):
+    for trace in tqdm(note_pass.shard.mine(traces), desc="realize events", unit="note"):
         path = note_pass.path(trace.note_id)
         source = Path(events_dir) / trace.note_id / "events.jsonl"
         # per note: realised from these teacher events, of this trace, by these tokenizers (else recomputed)
@@ -203,9 +203,9 @@ def write_realized_events(traces: Sequence[Trace], events_dir: Path, out_dir: Pa
                              "realized_counts": {k: sum(e.kind == k for e in events) for k in counts},
                              "provenance": provenance(params, seed)})
             note_pass.computed += 1
-        out[trace.note_id] = load_events(path)
     note_pass.finish(params)
-    return out
+    # every note's events, the other ranks' too (under torchrun): a note's knock-in reads its donor's
+    return {t.note_id: load_events(note_pass.path(t.note_id)) for t in traces if t.note_id not in note_pass.skipped}
 
 
 # ---- (a) the student's own ranking ------------------------------------------------------------------
@@ -269,9 +269,10 @@ def knockin_stage(model, tokenizer, teacher_tokenizer, cfg: OwnHeadsConfig, hd_d
     ranking = json.dumps({p: v.tolist() for p, v in sorted(scores.items())})
     digest = _digest(cfg.digest(), ranking, weights_fingerprint(model))
     note_pass = NotePass("own-knockin", m6_dir, "patch2.jsonl", read_jsonl, force, digest)
-    rows_by_note: dict[str, list[dict]] = {}
     try:
         for n, trace in enumerate(tqdm(notes, desc="own-heads knock-in", unit="note")):
+            if not note_pass.shard.owns(n):
+                continue
             path = note_pass.path(trace.note_id)
             donor = notes[(n + 1) % len(notes)]  # App. K: the donor is the next test note; wrap
             # the note's patches read its trace, its donor's trace and the realised events of both
@@ -293,16 +294,18 @@ def knockin_stage(model, tokenizer, teacher_tokenizer, cfg: OwnHeadsConfig, hd_d
                                  "config_sha256": digest, "inputs_sha256": key,
                                  "provenance": provenance(params, cfg.seed)})
                 note_pass.computed += 1
-            rows_by_note[trace.note_id] = read_jsonl(path)
     finally:
         hook.remove()
     note_pass.finish(params)
+    rows_by_note = {t.note_id: read_jsonl(note_pass.path(t.note_id)) for t in notes
+                    if t.note_id not in note_pass.skipped}
     summary = summarize(rows_by_note, bins=bins, min_range=cfg.min_range)
     summary.update(bins=bins, n_heads_total=n_total, heads_from=str(head_sets_path),
                    notes=list(rows_by_note), set_kinds={"top": "own top-k by I_c (validation traces)",
                                                         "random": "count-matched random, per note and bin",
                                                         "bottom": "own bottom-k by I_c"})
-    write_json(m6_dir / "faithfulness2.json", {**summary, "provenance": provenance(params, cfg.seed)})
+    if note_pass.shard.leader:
+        write_json(m6_dir / "faithfulness2.json", {**summary, "provenance": provenance(params, cfg.seed)})
     return summary
 
 
@@ -340,8 +343,8 @@ def readside_stage(model, tokenizer, teacher_tokenizer, cfg: OwnHeadsConfig, hd_
     traces = test_traces(cfg, limit)
     realized = write_realized_events(traces, Path(cfg.test_events_dir), m6_dir, teacher_tokenizer, tokenizer,
                                      params, seed=cfg.seed)
-    rows_by_note: dict[str, list[dict]] = {}
-    for trace in tqdm([t for t in traces if t.note_id in realized], desc="read side", unit="note"):
+    read = [t for t in traces if t.note_id in realized]
+    for trace in tqdm(note_pass.shard.mine(read), desc="read side", unit="note"):
         path = note_pass.path(trace.note_id)
         key = inputs_sha256(trace.prompt, trace.completion, m6_dir / trace.note_id / "events.jsonl")
         if note_pass.needs(trace.note_id, key):
@@ -354,12 +357,13 @@ def readside_stage(model, tokenizer, teacher_tokenizer, cfg: OwnHeadsConfig, hd_
                             {"panels": panels, "config_sha256": digest, "inputs_sha256": key,
                              "provenance": provenance(params, cfg.seed)})
             note_pass.computed += 1
-        rows_by_note[trace.note_id] = read_jsonl(path)
     note_pass.finish(params)
+    rows_by_note = {t.note_id: read_jsonl(note_pass.path(t.note_id)) for t in read}
     summary = summarize_panels(rows_by_note, panels)
     body = {"k": min(cfg.readside_k, L * H), "panels": panels, "phases": summary,
             "heads_from": str(hd_dir / "head_sets_contrast.json"), "provenance": provenance(params, cfg.seed)}
-    write_json(m6_dir / "readside.json", body)
+    if note_pass.shard.leader:
+        write_json(m6_dir / "readside.json", body)
     return body
 
 
@@ -429,7 +433,7 @@ def run_chain(model_spec: str, arm: str, seed: int, params: dict, *, stages: Seq
     # can be separate pipeline stages with disjoint outputs
     for directory, owned in ((hd_dir, ("attribute",)), (m6_dir, ("knockin", "readside"))):
         part = {k: v for k, v in timing.items() if k in owned}
-        if not part:
+        if not part or not current_shard().leader:
             continue
         path = timing_path(directory)
         previous = json.loads(path.read_text()).get("seconds", {}) if path.exists() else {}

@@ -76,7 +76,7 @@ def register(subparsers) -> None:
     p.add_argument("--out-root", help="write HD-S/ and M6/ under this directory (default: params paths.artifacts)")
     p.add_argument("--heads-from", help="an HD-S/<arm>-s<seed> directory whose ranking the knock-in and read side "
                                         "use (no attribution pre-pass)")
-    p.set_defaults(func=cmd_own_heads)
+    p.set_defaults(func=cmd_own_heads, sharded=True)   # params compute.gpus_per_pass processes (mistill.shard)
 
     p = subparsers.add_parser("compare", help="two arms' own-heads readouts, seed-matched and note-clustered")
     p.add_argument("--arm", required=True, help="arm label, e.g. student-qwen-mistill-bf16")

@@ -124,6 +124,8 @@ def _all(args) -> int:
         run_selftest,
     )
 
+    from mistill.shard import current as current_shard
+
     cfg, params = _config(args)
     model, tokenizer = load_teacher(cfg, params)
     kw = dict(model=model, tokenizer=tokenizer)
@@ -131,7 +133,7 @@ def _all(args) -> int:
     run_attribution(cfg, params, limit=args.limit, force=args.force, **kw)
     run_calibration(cfg, params, limit=args.limit)
     run_knockin(cfg, params, limit=args.limit, force=args.force, **kw)
-    run_selftest(cfg, params, **kw)
+    current_shard().leader_only(lambda: run_selftest(cfg, params, **kw))   # one note: rank 0's work
     return 0
 
 
@@ -144,7 +146,8 @@ def register(subparsers) -> None:
     ):
         parser = subparsers.add_parser(name, help=help_text, description=help_text)
         _common(parser)
-        parser.set_defaults(func=func)
+        # sharded over params compute.gpus_per_pass processes under torchrun (mistill.shard)
+        parser.set_defaults(func=func, sharded=True)
     parser = subparsers.add_parser("calibrate", help="NULL calibration, BH tests, global sets "
                                    "(head_sets_contrast.json)")
     _common(parser, resumable=False)

@@ -37,6 +37,8 @@ from mistill.io import (
     write_jsonl,
     write_npz,
 )
+from mistill.shard import Shard
+from mistill.shard import current as current_shard
 
 NOTE_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
 
@@ -173,9 +175,10 @@ class NotePass:
     """Iterate notes with a progress bar, skipping valid artifacts and reporting corrupt ones."""
 
     def __init__(self, name: str, out_dir: Path, artifact: str, loader=None, force: bool = False,
-                 config: str | None = None):
+                 config: str | None = None, shard: Shard | None = None):
         self.name, self.out_dir, self.artifact, self.loader, self.force = name, out_dir, artifact, loader, force
         self.config = config
+        self.shard = shard or current_shard()   # under torchrun, this rank's notes (mistill.shard)
         self.skipped: dict[str, str] = {}
         self.done = self.computed = 0
 
@@ -201,10 +204,18 @@ class NotePass:
         _say(f"mistill instrument {self.name}: note {note_id} skipped: {reason}")
 
     def finish(self, params: dict) -> None:
+        """Record the skipped notes. Under torchrun every rank waits here for the others, then knows
+        every rank's skips, and rank 0 writes them: each note's file is committed once this returns."""
+        ranks = self.shard.gather((self.skipped, self.computed, self.done))
+        self.skipped = {note: why for skipped, _, _ in ranks for note, why in sorted(skipped.items())}
+        computed, done = sum(r[1] for r in ranks), sum(r[2] for r in ranks)
+        if not self.shard.leader:
+            return
         write_json(self.out_dir / f"skipped_{self.name}.json",
                    {"skipped": self.skipped, "provenance": provenance(params)})
-        _say(f"mistill instrument {self.name}: {self.computed} computed, {self.done} already done, "
-             f"{len(self.skipped)} skipped")
+        on = f" on {self.shard.world} processes" if self.shard.world > 1 else ""
+        _say(f"mistill instrument {self.name}: {computed} computed, {done} already done, "
+             f"{len(self.skipped)} skipped{on}")
 
 
 # ---- configuration ----------------------------------------------------------------------------------
@@ -310,7 +321,7 @@ def run_events(cfg: InstrumentConfig, params: dict, *, model=None, tokenizer=Non
     out = Path(cfg.out_dir)
     note_pass = NotePass("events", out, "events.jsonl", load_events, force, config_sha256(cfg))
     reports: dict[str, dict] = {}
-    for trace in tqdm(traces, desc="events", unit="note"):
+    for trace in tqdm(note_pass.shard.mine(traces), desc="events", unit="note"):
         path = note_pass.path(trace.note_id)
         report_path = out / trace.note_id / "events_report.json"
         trace_digest = inputs_sha256(trace.prompt, trace.completion)
@@ -350,8 +361,13 @@ def run_events(cfg: InstrumentConfig, params: dict, *, model=None, tokenizer=Non
                          "provenance": provenance(params, cfg.seed)})
         note_pass.computed += 1
     note_pass.finish(params)
+    for trace in traces:   # the other ranks' notes (under torchrun): their reports are on disk now
+        report_path = out / trace.note_id / "events_report.json"
+        if trace.note_id not in reports and trace.note_id not in note_pass.skipped and report_path.exists():
+            reports[trace.note_id] = read_json(report_path, "events report")
     summary = _events_summary(out, traces, note_pass, reports)
-    write_json(out / "events_summary.json", {**summary, "provenance": provenance(params, cfg.seed)})
+    if note_pass.shard.leader:
+        write_json(out / "events_summary.json", {**summary, "provenance": provenance(params, cfg.seed)})
     return summary
 
 
@@ -391,9 +407,18 @@ def _notes_with_events(cfg: InstrumentConfig, limit: int | None = None) -> list[
 
 
 def run_attribution(cfg: InstrumentConfig, params: dict, *, model=None, tokenizer=None,
-                    limit: int | None = None, force: bool = False, exact_kinds: Sequence[str] = ("P1",)) -> None:
+                    limit: int | None = None, force: bool = False, exact_kinds: Sequence[str] = ("P1",),
+                    lanes: int | None = None) -> None:
     """First-order attribution at every event, exact patches of the nominees at `exact_kinds` (the paper's
-    pass: P1) and half the NULLs."""
+    pass: P1) and half the NULLs.
+
+    The nominees include the running global top: the heads of largest mean first-order importance over
+    the chapter events of the notes already processed. Sharded over `lanes` (the processes of
+    torchrun, one lane each; the paper ran seven), each lane keeps its own running top over its own
+    notes, note n going to lane n mod lanes, as the paper's lanes did. One lane is the single pass.
+    `lanes` in one process computes every lane's notes in turn: the same artifacts as that many
+    processes (tested), on one device.
+    """
     from mistill.instrument.attribution import RunningGlobalTop, attribute_note
     from mistill.instrument.hook import HeadHook
     from mistill.instrument.patching import prefill
@@ -402,17 +427,25 @@ def run_attribution(cfg: InstrumentConfig, params: dict, *, model=None, tokenize
     if model is None:
         model, tokenizer = load_teacher(cfg, params)
     hook = HeadHook(model)
-    running = RunningGlobalTop(hook.n_layers, hook.n_heads)
+    shard = current_shard()
+    lanes = shard.world if lanes is None else int(lanes)
+    if lanes < 1 or (shard.world > 1 and lanes != shard.world):
+        raise UserError(f"attribution lanes {lanes}: under torchrun each of the {shard.world} processes is one lane")
+    running = [RunningGlobalTop(hook.n_layers, hook.n_heads) for _ in range(lanes)]
     out = Path(cfg.out_dir)
-    # the paper's pass (exact P1) keeps the profile's hash; another choice of exact kinds is another artifact
+    # the paper's pass (exact P1) keeps the profile's hash; another choice of exact kinds is another artifact,
+    # and so is another number of lanes (each lane's running top sees only its own notes)
     extra = {} if tuple(exact_kinds) == ("P1",) else {"exact_kinds": sorted(exact_kinds)}
+    extra.update({"lanes": lanes} if lanes > 1 else {})
     config = config_sha256(cfg, **extra)
-    note_pass = NotePass("attribute", out, "attr.npz", load_attr, force, config)
+    note_pass = NotePass("attribute", out, "attr.npz", load_attr, force, config, shard)
     try:
         # App. C: the running global top-16 depends on note order: the corpus order, logged in the meta.
-        for n, (trace, events) in enumerate(tqdm(notes, desc="attribute", unit="note")):
+        for n, (trace, events) in enumerate(tqdm(shard.mine(notes), desc="attribute", unit="note")):
+            n = n * shard.world + shard.rank                      # the note's place in the corpus order
+            lane = running[n % lanes]
             path = note_pass.path(trace.note_id)
-            global_top = running.top(cfg.nominees_global_topk)
+            global_top = lane.top(cfg.nominees_global_topk)
             # the running global top makes a note's nominees depend on the notes before it
             digest = inputs_sha256(trace.prompt, trace.completion, out / trace.note_id / "events.jsonl",
                                    json.dumps(global_top))
@@ -425,19 +458,30 @@ def run_attribution(cfg: InstrumentConfig, params: dict, *, model=None, tokenize
                                         seed=cfg.seed, max_batch=cfg.max_batch)
                 del pre
                 commit_artifact(path, lambda p, result=result: write_npz(p, **result.arrays()),
-                                {"note_index": n, "hook": cfg.hook, "global_top": global_top, **extra,
+                                {"note_index": n, "lane": n % lanes, "hook": cfg.hook, "global_top": global_top, **extra,
                                  "config_sha256": config, "inputs_sha256": digest,
                                  "provenance": provenance(params, cfg.seed)})
                 note_pass.computed += 1
             arrays = load_attr(path)
-            running.update(arrays["first_order"][arrays["kinds"] == "P1"])
+            lane.update(arrays["first_order"][arrays["kinds"] == "P1"])
     finally:
         hook.remove()
     note_pass.finish(params)
 
 
 def run_calibration(cfg: InstrumentConfig, params: dict, *, limit: int | None = None) -> dict:
-    """I_c, tests and global sets from every note's attr.npz -> head_sets_contrast.json."""
+    """I_c, tests and global sets from every note's attr.npz -> head_sets_contrast.json.
+
+    It reads every note: under torchrun rank 0 computes it while the others wait, then they read
+    its summary."""
+    shard = current_shard()
+    if shard.world > 1:
+        shard.leader_only(lambda: _calibrate(cfg, params, limit))
+        return read_json(Path(cfg.out_dir) / "calibration.json", "calibration summary")
+    return _calibrate(cfg, params, limit)
+
+
+def _calibrate(cfg: InstrumentConfig, params: dict, limit: int | None) -> dict:
     from mistill.instrument.calibration import calibrate, note_contrast
     from mistill.instrument.global_sets import head_sets, write_head_sets
 
@@ -500,9 +544,10 @@ def run_knockin(cfg: InstrumentConfig, params: dict, *, model=None, tokenizer=No
         p2c_global_top = [(int(i) // hook.n_heads, int(i) % hook.n_heads) for i in order]
     bins = [k for k in cfg.bins if k <= n_heads_total]
     note_pass = NotePass("knockin", out, "patch2.jsonl", read_jsonl, force, config_sha256(cfg))
-    rows_by_note: dict[str, list[dict]] = {}
     try:
         for n, (trace, events) in enumerate(tqdm(notes, desc="knockin", unit="note")):
+            if not note_pass.shard.owns(n):
+                continue
             path = note_pass.path(trace.note_id)
             donor_trace, donor_events = notes[(n + 1) % len(notes)]  # Sec. 2.3: the next note; wrap
             digest = inputs_sha256(trace.prompt, trace.completion, donor_trace.prompt, donor_trace.completion,
@@ -528,17 +573,20 @@ def run_knockin(cfg: InstrumentConfig, params: dict, *, model=None, tokenizer=No
                                  "inputs_sha256": digest,
                                  "provenance": provenance(params, cfg.seed)})
                 note_pass.computed += 1
-            rows_by_note[trace.note_id] = read_jsonl(path)
     finally:
         hook.remove()
     note_pass.finish(params)
+    # every note's rows, the other ranks' too (under torchrun), in the corpus order
+    rows_by_note = {t.note_id: read_jsonl(note_pass.path(t.note_id)) for t, _ in notes
+                    if t.note_id not in note_pass.skipped}
     summary = summarize(rows_by_note, bins=bins, min_range=cfg.min_range)
     summary.update(bins=bins, n_heads_total=n_heads_total)
     if "P2C" in global_scores:
         firsts = {note: _p2c_first_order(out / note / "attr.npz") for note in rows_by_note}
         summary["p2c_exact_refinement"] = exact_refinement(rows_by_note, firsts, global_scores["P2C"],
                                                            top_k=cfg.pool_k, fdr=cfg.fdr)
-    write_json(out / "faithfulness2.json", {**summary, "provenance": provenance(params, cfg.seed)})
+    if note_pass.shard.leader:
+        write_json(out / "faithfulness2.json", {**summary, "provenance": provenance(params, cfg.seed)})
     return summary
 
 

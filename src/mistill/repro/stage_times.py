@@ -43,7 +43,8 @@ def recorded(argv: list[str]):
     Outside a stage (tests, a user at the shell) nothing is written. A command that raises is not
     recorded (DVC fails the stage, so there is no run to time); one that returns a status is.
     """
-    stage = os.environ.get("DVC_STAGE")
+    # under torchrun the stage is one command on several processes: rank 0 records it
+    stage = os.environ.get("DVC_STAGE") if os.environ.get("RANK", "0") == "0" else None
     start_wall, start_cpu = time.perf_counter(), time.process_time()
     started = datetime.now(timezone.utc).isoformat(timespec="seconds")
     yield
