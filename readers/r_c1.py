@@ -9,7 +9,7 @@ import numpy as np
 
 from mistill.instrument.events import KINDS
 from mistill.instrument.passes import artifact_state, load_events
-from mistill.instrument.readout import active_params, emit, instrument_dir, load_json, reader_args, value
+from mistill.instrument.readout import instrument_dir, load_json, run_reader, value
 
 READER = "readers/r_c1.py"
 
@@ -68,12 +68,7 @@ def compute_values(params: dict) -> tuple[dict, list]:
 
 
 def main() -> int:
-    args = reader_args(__doc__.splitlines()[0])
-    params = active_params(args.profile)
-    values, inputs = compute_values(params)
-    emit("R-C1", values, reader=READER, inputs=inputs, params=params, strict=args.strict,
-         declared=keys(params))
-    return 0
+    return run_reader("R-C1", READER, __doc__.splitlines()[0], compute_values, keys)
 
 
 if __name__ == "__main__":

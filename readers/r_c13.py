@@ -25,11 +25,9 @@ from mistill.errors import UserError
 from mistill.instrument.knockin import SET_KINDS, summarize
 from mistill.instrument.readout import (
     PHASES,
-    active_params,
-    emit,
     instrument_dir,
     load_json,
-    reader_args,
+    run_reader,
     value,
 )
 from mistill.io import read_jsonl, read_npz
@@ -148,11 +146,7 @@ def compute_values(params: dict) -> tuple[dict, list[Path]]:
 
 
 def main() -> int:
-    args = reader_args(__doc__.splitlines()[0])
-    params = active_params(args.profile)
-    values, inputs = compute_values(params)
-    emit("R-C13", values, reader=READER, inputs=inputs, params=params, strict=args.strict, declared=keys(params))
-    return 0
+    return run_reader("R-C13", READER, __doc__.splitlines()[0], compute_values, keys)
 
 
 if __name__ == "__main__":

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from mistill.instrument.readout import active_params, emit, instrument_dir, load_json, reader_args, value
+from mistill.instrument.readout import instrument_dir, load_json, run_reader, value
 from mistill.io import read_jsonl
 
 READER = "readers/r_c2.py"
@@ -82,12 +82,7 @@ def compute_values(params: dict) -> tuple[dict, list]:
 
 
 def main() -> int:
-    args = reader_args(__doc__.splitlines()[0])
-    params = active_params(args.profile)
-    values, inputs = compute_values(params)
-    emit("R-C2", values, reader=READER, inputs=inputs, params=params, strict=args.strict,
-         declared=keys(params))
-    return 0
+    return run_reader("R-C2", READER, __doc__.splitlines()[0], compute_values, keys)
 
 
 if __name__ == "__main__":

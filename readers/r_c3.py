@@ -12,12 +12,10 @@ from __future__ import annotations
 from mistill.errors import UserError
 from mistill.instrument.readout import (
     PHASES,
-    active_params,
-    emit,
     instrument_dir,
     load_json,
-    reader_args,
     reader_settings,
+    run_reader,
     value,
 )
 
@@ -133,12 +131,7 @@ def compute_values(params: dict) -> tuple[dict, list]:
 
 
 def main() -> int:
-    args = reader_args(__doc__.splitlines()[0])
-    params = active_params(args.profile)
-    values, inputs = compute_values(params)
-    emit("R-C3", values, reader=READER, inputs=inputs, params=params, strict=args.strict,
-         declared=keys(params))
-    return 0
+    return run_reader("R-C3", READER, __doc__.splitlines()[0], compute_values, keys)
 
 
 if __name__ == "__main__":

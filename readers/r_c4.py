@@ -20,14 +20,12 @@ from mistill.errors import UserError
 from mistill.instrument.global_sets import phase_scores
 from mistill.instrument.readout import (
     PHASES,
-    active_params,
-    emit,
     head_index,
     instrument_dir,
     layers_name,
     load_json,
-    reader_args,
     reader_settings,
+    run_reader,
     value,
 )
 from mistill.stats import pooled_weights
@@ -199,12 +197,7 @@ def _named_head_values(sets: dict, heads, ha: Path, ca: Path, cal: dict) -> dict
 
 
 def main() -> int:
-    args = reader_args(__doc__.splitlines()[0])
-    params = active_params(args.profile)
-    values, inputs = compute_values(params)
-    emit("R-C4", values, reader=READER, inputs=inputs, params=params, strict=args.strict,
-         declared=keys(params))
-    return 0
+    return run_reader("R-C4", READER, __doc__.splitlines()[0], compute_values, keys)
 
 
 if __name__ == "__main__":

@@ -19,12 +19,10 @@ from pathlib import Path
 from mistill.instrument.global_sets import phase_scores
 from mistill.instrument.readout import (
     PHASES,
-    active_params,
-    emit,
     instrument_dir,
     load_json,
-    reader_args,
     reader_settings,
+    run_reader,
     value,
 )
 from mistill.stats import spearman_over_heads, top_k_overlap
@@ -96,11 +94,7 @@ def compute_values(params: dict) -> tuple[dict, list[Path]]:
 
 
 def main() -> int:
-    args = reader_args(__doc__.splitlines()[0])
-    params = active_params(args.profile)
-    values, inputs = compute_values(params)
-    emit("R-C7", values, reader=READER, inputs=inputs, params=params, strict=args.strict, declared=keys(params))
-    return 0
+    return run_reader("R-C7", READER, __doc__.splitlines()[0], compute_values, keys)
 
 
 if __name__ == "__main__":

@@ -23,13 +23,11 @@ from mistill.errors import UserError
 from mistill.instrument.intact import IntactRerun
 from mistill.instrument.passes import load_attr
 from mistill.instrument.readout import (
-    active_params,
-    emit,
     head_index,
     instrument_dir,
     load_json,
-    reader_args,
     reader_settings,
+    run_reader,
     value,
 )
 from mistill.io import read_npz
@@ -135,11 +133,7 @@ def compute_values(params: dict) -> tuple[dict, list[Path]]:
 
 
 def main() -> int:
-    args = reader_args(__doc__.splitlines()[0])
-    params = active_params(args.profile)
-    values, inputs = compute_values(params)
-    emit("R-C8", values, reader=READER, inputs=inputs, params=params, strict=args.strict, declared=keys(params))
-    return 0
+    return run_reader("R-C8", READER, __doc__.splitlines()[0], compute_values, keys)
 
 
 if __name__ == "__main__":

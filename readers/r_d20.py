@@ -17,13 +17,11 @@ from pathlib import Path
 from mistill.errors import UserError
 from mistill.instrument.proxy import ARTIFACT, exact_rows, load_proxy, proxy_faithfulness
 from mistill.instrument.readout import (
-    active_params,
-    emit,
     head_index,
     instrument_dir,
     load_json,
-    reader_args,
     reader_settings,
+    run_reader,
     value,
 )
 
@@ -106,11 +104,7 @@ def compute_values(params: dict) -> tuple[dict, list[Path]]:
 
 
 def main() -> int:
-    args = reader_args(__doc__.splitlines()[0])
-    params = active_params(args.profile)
-    values, inputs = compute_values(params)
-    emit("R-D20", values, reader=READER, inputs=inputs, params=params, strict=args.strict, declared=keys(params))
-    return 0
+    return run_reader("R-D20", READER, __doc__.splitlines()[0], compute_values, keys)
 
 
 if __name__ == "__main__":

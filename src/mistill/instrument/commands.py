@@ -123,7 +123,6 @@ def _all(args) -> int:
         run_knockin,
         run_selftest,
     )
-
     from mistill.shard import current as current_shard
 
     cfg, params = _config(args)

@@ -95,6 +95,16 @@ class ReaderSettings:
     named_heads: NamedHeads
 
 
+
+def run_reader(result_id: str, reader: str, description: str, compute_values, keys) -> int:
+    """A reader's entry point: `--profile` and `--strict`, the values under the active params, the
+    numbers file with the keys `keys(params)` declares."""
+    args = reader_args(description)
+    params = active_params(args.profile)
+    values, inputs = compute_values(params)
+    emit(result_id, values, reader=reader, inputs=inputs, params=params, strict=args.strict, declared=keys(params))
+    return 0
+
 def reader_settings(params: dict) -> ReaderSettings:
     """The `readers` section of the active profile; a malformed one is a one-line UserError."""
     where = f"params.yaml {params.get('profile', '<profile>')}.readers"
