@@ -58,6 +58,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     register_stage_times(subparsers)
     from mistill.repro.calibration import register as register_calibrate  # `mistill repro calibrate`
     register_calibrate(subparsers)
+    from mistill.repro.grid import register as register_grid  # `mistill repro grid`
+    register_grid(subparsers)
 
 
 def _common(parser: argparse.ArgumentParser) -> None:
