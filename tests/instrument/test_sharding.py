@@ -67,7 +67,7 @@ def _passes(cfg, params, model, tokenizer, **attribution):
     passes.run_knockin(cfg, params, model=model, tokenizer=tokenizer)
 
 
-def _worker(rank: int, world: int, port: int, out_dir: str, die_after: int | None):
+def _worker(rank: int, world: int, port: int, out_dir: str, die_after: int | None, device: str = "cpu"):
     """One torchrun-like rank: the passes on its notes; with `die_after`, rank 0 dies once it has
     committed that many attribution artifacts."""
     os.environ.update(RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(rank), MASTER_ADDR="127.0.0.1",
@@ -75,6 +75,9 @@ def _worker(rank: int, world: int, port: int, out_dir: str, die_after: int | Non
     torch.set_num_threads(1)
     tokenizer = QwenTextTokenizer()
     model = tiny_qwen3(tokenizer.vocab_size, layers=2, heads=4, kv_heads=2, seed=1)
+    if device != "cpu":
+        shard_module.current()                  # joins the group and picks this rank's GPU first
+        model = model.to(device)
     cfg = _write_world_at(out_dir)
     params = {"profile": "test", "instrument": cfg.as_dict()}
     if die_after is not None:
@@ -97,8 +100,8 @@ def _write_world_at(root: str):
     return _write_world(Path(root), BAD)
 
 
-def _spawn(world: int, out_dir, die_after: int | None = None) -> None:
-    mp.start_processes(_worker, args=(world, _free_port(), str(out_dir), die_after), nprocs=world,
+def _spawn(world: int, out_dir, die_after: int | None = None, device: str = "cpu") -> None:
+    mp.start_processes(_worker, args=(world, _free_port(), str(out_dir), die_after, device), nprocs=world,
                        start_method="spawn", join=True)
 
 
@@ -166,3 +169,23 @@ def test_lanes_must_match_the_processes(tmp_path, qwen_model, tokenizer, monkeyp
     monkeypatch.setattr(shard_module, "_current", Shard(0, 2, 0))
     with pytest.raises(UserError, match="each of the 2 processes is one lane"):
         passes.run_attribution(cfg, params, model=qwen_model, tokenizer=tokenizer, lanes=3)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_two_processes_on_the_gpu_agree_with_one_process_computing_both_lanes(tmp_path, tokenizer):
+    """On a host's GPUs (with one GPU both ranks share it): the same artifacts up to GPU kernel noise."""
+    _spawn(2, tmp_path / "two", device="cuda")
+    model = tiny_qwen3(tokenizer.vocab_size, layers=2, heads=4, kv_heads=2, seed=1).cuda()
+    cfg = _write_world(tmp_path / "one", BAD)
+    _passes(cfg, {"profile": "test", "instrument": cfg.as_dict()}, model, tokenizer, lanes=2)
+    two, one = _artifacts(tmp_path / "two" / "HD-001"), _artifacts(tmp_path / "one" / "HD-001")
+    assert two.keys() == one.keys()
+    for key in one:
+        if isinstance(one[key], np.ndarray) and one[key].dtype.kind == "f":
+            np.testing.assert_allclose(two[key], one[key], rtol=1e-4, atol=1e-4, equal_nan=True, err_msg=key)
+        elif isinstance(one[key], np.ndarray):
+            np.testing.assert_array_equal(two[key], one[key], err_msg=key)
+    ranking = {p: [(r["layer"], r["head"]) for r in rows][:4]
+               for p, rows in one["head_sets_contrast.json"]["phases"].items()}
+    assert ranking == {p: [(r["layer"], r["head"]) for r in rows][:4]
+                       for p, rows in two["head_sets_contrast.json"]["phases"].items()}
