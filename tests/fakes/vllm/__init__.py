@@ -18,7 +18,8 @@ from App. B's prompt, looks the note up in the script (`{"keep": share, "keep_by
 note) and writes the demo's scripted trace (`mistill.models.scripted_traces`) for a subset of its gold
 codes: each kept with probability `keep` (or the share of the first `keep_by_model` fragment in the
 model's path; the first one when none is kept) under a generator seeded by the request's seed, the
-model and the note, so the teacher and the arms, seeds and notes differ.  The trace is encoded by the model's tokenizer and closed with its end-of-turn
+model (its path relative to the working directory: the same draws wherever the copy lies) and the
+note, so the teacher and the arms, seeds and notes differ.  The trace is encoded by the model's tokenizer and closed with its end-of-turn
 id; the stop rules above apply to it unchanged.  A trace token outside the model's table is an error.
 """
 
@@ -122,6 +123,19 @@ class LLM:
         return tokens, "stop"
 
 
+def stable_name(model: str) -> str:
+    """The model's path relative to the working directory (DVC runs every stage from the rehearsal's
+    root), so the draws are the same wherever the rehearsal's copy lies; an id or a path outside
+    stays as given."""
+    path = Path(model)
+    if not path.is_absolute():
+        return model
+    try:
+        return str(path.resolve().relative_to(Path.cwd().resolve()))
+    except ValueError:
+        return model
+
+
 class Script:
     """Scripted traces for one model (see the module docstring)."""
 
@@ -130,6 +144,7 @@ class Script:
 
         data = json.loads(Path(path).read_text(encoding="utf-8"))
         self.model = str(model)
+        self.key = stable_name(self.model)
         by_model = data.get("keep_by_model") or {}   # path fragment -> share, e.g. the teacher's cache entry
         self.keep = float(next((v for k, v in by_model.items() if k in self.model), data.get("keep", 1.0)))
         self.notes = [(row["text"].strip(), tuple(row["gold"])) for row in data["notes"]]
@@ -150,7 +165,7 @@ class Script:
         end = prompt.index(f"\n\n{ROLE_SENTENCE}", note_at)
         lines = [line.split(" ", 1) for line in prompt[start:note_at].strip("\n").split("\n")]
         note = prompt[note_at + len(NOTE_HEADER) + 4:end]
-        rng = random.Random(f"{seed}:{self.model}:{note[:200]}")
+        rng = random.Random(f"{seed}:{self.key}:{note[:200]}")
         gold = self.gold(note)
         gold = tuple(code for code in gold if rng.random() < self.keep) or gold[:1]   # a coder names one at least
         trace = script_trace(Note("scripted", "scripted", note, gold), [Code(c, d) for c, d in lines], seed=seed or 0)
