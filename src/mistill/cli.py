@@ -50,11 +50,13 @@ def main(argv: list[str] | None = None) -> int:
     group = argv[0] if argv and argv[0] in GROUPS else None
     args = build_parser(group).parse_args(argv)
     try:
-        if getattr(args, "sharded", False):   # a per-note pass: as many processes as params ask for
+        sharded = getattr(args, "sharded", None)
+        if sharded:   # a per-note pass: as many processes as params ask for
             from mistill.params import load_params
             from mistill.shard import gpus_per_pass, relaunch
 
-            relaunch(argv, gpus_per_pass(load_params(profile=getattr(args, "profile", None))))
+            processes = gpus_per_pass if sharded is True else sharded   # or the command's own rule
+            relaunch(argv, processes(load_params(profile=getattr(args, "profile", None))))
         if group in TORCH_GROUPS:
             from mistill.models import cpu_bf16
 

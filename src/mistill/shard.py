@@ -68,6 +68,7 @@ class Shard:
         if self.world > 1:
             import torch.distributed as dist
 
+            join_group()
             dist.barrier()
 
     def gather(self, obj: Any) -> list[Any]:
@@ -76,6 +77,7 @@ class Shard:
             return [obj]
         import torch.distributed as dist
 
+        join_group()
         out: list[Any] = [None] * self.world
         dist.all_gather_object(out, obj)
         return out
@@ -98,14 +100,20 @@ def current() -> Shard:
         shard = Shard.from_env()
         if shard.world > 1:
             import torch
-            import torch.distributed as dist
 
-            if not dist.is_initialized():
-                dist.init_process_group(backend="gloo")
+            join_group()
             if torch.cuda.is_available():
                 torch.cuda.set_device(shard.local_rank % torch.cuda.device_count())
         _current = shard
     return _current
+
+
+def join_group() -> None:
+    """Join the processes' gloo group (once; torchrun's environment says where it meets)."""
+    import torch.distributed as dist
+
+    if not dist.is_initialized():
+        dist.init_process_group(backend="gloo")
 
 
 def relaunch(argv: list[str], processes: int) -> None:

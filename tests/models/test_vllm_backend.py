@@ -91,7 +91,8 @@ def test_a_trained_checkpoint_keeps_the_yarn_it_was_trained_under(hub_cache, fak
 def test_engine_settings_from_params():
     models = {"vllm": {"tensor_parallel_size": 2, "gpu_memory_utilization": 0.8,
                        "max_model_len": {"teacher": 163_840}}}
-    assert EngineSettings.from_params(models, "teacher") == EngineSettings(2, 0.8, 163_840)
+    assert EngineSettings.from_params(models, "teacher") == EngineSettings(
+        tensor_parallel_size=2, data_parallel_size=1, gpu_memory_utilization=0.8, max_model_len=163_840)
     assert EngineSettings.from_params(models, None).max_model_len is None  # a trained checkpoint: its window
     assert EngineSettings.from_params({"vllm": {"max_model_len": 4096}}, "x").max_model_len == 4096
     with pytest.raises(UserError, match="unknown keys swap_space"):

@@ -10,6 +10,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from mistill.errors import UserError
+from mistill.models.vllm_backend import generation_processes
 
 
 def _params():
@@ -143,10 +144,15 @@ def arm_steps(model: str, out_dir: Path, m1_notes: str | None) -> list[list[str]
 
 
 def cmd_arm(args) -> int:
+    """The arm's steps in order. Under torchrun (vllm data parallel) every process generates its notes
+    and rank 0 alone runs the steps that read every generation."""
     from mistill.cli import build_parser
+    from mistill.shard import Shard
 
     parser = build_parser("evaluate")
-    for step in arm_steps(args.model, Path(args.out_dir), args.m1_notes):
+    shard = Shard.from_env()
+    generate, *readers = arm_steps(args.model, Path(args.out_dir), args.m1_notes)
+    for step in [generate, *(readers if shard.leader else [])]:
         step_args = parser.parse_args(["evaluate", *step])
         status = step_args.func(step_args)
         if status:
@@ -159,7 +165,7 @@ def register(subparsers) -> None:
     p.add_argument("--model", required=True, help="the arm's model spec")
     p.add_argument("--out-dir", required=True, help=f"the arm's evaluation directory ({', '.join(ARM_FILES.values())})")
     p.add_argument("--m1-notes", help="notes whose events M1 reads (e.g. the test notes with events)")
-    p.set_defaults(func=cmd_arm)
+    p.set_defaults(func=cmd_arm, sharded=generation_processes)   # one process per vLLM engine
 
     p = subparsers.add_parser("task", help="micro/macro-F1, P@k, PSP@k, head/tail, valid rate (App. K)")
     p.add_argument("--generations", required=True, help="trace-format jsonl of the arm's test generations")

@@ -12,7 +12,9 @@ records have the trace format of TR-008 (`note_id, prompt, completion, valid, hi
 degenerate, answer, n_new_tokens, seed, decoding, model`), which `mistill evaluate task` and
 `fidelity --generations` read. The pass is resumable per note, under `dvc repro` too
 (`mistill.models.trace_rows`): a record is kept only when its `input_sha256` (the model's
-fingerprint, prompt, decoding, seed) matches.
+fingerprint, prompt, decoding, seed) matches. Under the vllm backend with
+`models.vllm.data_parallel_size` N the command runs as N processes under torchrun, one engine
+each, note n on process n mod N (`mistill.models.vllm_backend`).
 
 Hooked into `mistill evaluate` by `mistill.evaluate.commands.register`.
 """
@@ -23,6 +25,7 @@ import zlib
 from pathlib import Path
 
 from mistill.errors import UserError
+from mistill.models.vllm_backend import generation_processes
 
 
 def note_seed(base_seed: int, note_id: str) -> int:
@@ -40,6 +43,7 @@ def cmd_generate(args) -> int:
     from mistill.models.trace_rows import ResumableRows, input_key
     from mistill.models.world_files import SHORTLIST, load_world
     from mistill.params import load_params
+    from mistill.shard import Shard
     from mistill.world.answers import parse_answer
     from mistill.world.notes import load_notes
 
@@ -67,7 +71,8 @@ def cmd_generate(args) -> int:
     # resumable per note, under `dvc repro` too: a row is reused only under the same input key
     rows = ResumableRows(out, {n.note_id: input_key(model_sha256=model_sha256, prompt=prompts[n.note_id],
                                                      decoding=settings, seed=seeds[n.note_id])
-                               for n in notes})
+                               for n in notes},
+                         shard=Shard.from_env())   # under torchrun: this engine's notes (vllm data parallel)
     todo_ids = set(rows.todo())
     todo = [n for n in notes if n.note_id in todo_ids]
     if todo:
@@ -95,6 +100,8 @@ def cmd_generate(args) -> int:
                         "decoding": settings, "model": spec, "model_sha256": model_sha256,
                     })
     records = rows.finish()
+    if not rows.shard.leader:   # another engine's process: rank 0 writes the summary
+        return 0
     write_json(out.with_name(out.stem + ".summary.json"), {
         "notes": len(records), "valid_rate": sum(r["valid"] for r in records) / max(len(records), 1),
         "hit_cap_share": sum(r["hit_cap"] for r in records) / max(len(records), 1),
@@ -149,7 +156,7 @@ def register(subparsers) -> None:
     p.add_argument("--limit", type=int, help="only the first N notes (smoke runs)")
     p.add_argument("--batch", type=int, default=32, help="notes decoded together (rows keep their own seeds)")
     p.add_argument("--threads", type=int, help="intra-op threads (default: params models.threads)")
-    p.set_defaults(func=cmd_generate)
+    p.set_defaults(func=cmd_generate, sharded=generation_processes)   # one process per vLLM engine
 
     p = subparsers.add_parser("notes-with-events", help="the notes whose teacher trace has events (targets, M1)")
     p.add_argument("--notes", required=True, help="notes jsonl to filter")

@@ -22,6 +22,7 @@ from typing import Any
 
 from mistill.errors import UserError
 from mistill.models.loading import set_threads
+from mistill.models.vllm_backend import generation_processes
 
 
 def _models(params: dict[str, Any]) -> dict[str, Any]:
@@ -343,6 +344,8 @@ def cmd_traces(args) -> int:
     device = _device(args.device or section.get("device")) if backend == "transformers" else "vllm"
     run = run_trace_set(params, args.set, spec=args.model or section["teacher"], device=device, limit=args.limit,
                         batch=args.batch)
+    if not run.summary:   # another engine's process under torchrun: rank 0 reports
+        return 0
     # where and how fast: uncached and undeclared, so the hashed outputs are the same on every machine
     write_json(run.path.with_name("timing.json"), {
         "seconds": round(time.perf_counter() - start, 1), "computed": run.computed, "reused": run.reused,
@@ -382,4 +385,5 @@ def register(subparsers) -> None:
     sub.add_argument("--limit", type=int, help="only the first N notes (smoke runs)")
     sub.add_argument("--batch", type=int, default=16,
                      help="notes sampled together by the transformers backend (each keeps its own seed's stream)")
-    sub.set_defaults(func=cmd_traces)
+    # one process per vLLM engine (params models.vllm.data_parallel_size; mistill.shard)
+    sub.set_defaults(func=cmd_traces, sharded=generation_processes)

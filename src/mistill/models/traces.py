@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from mistill.models.world_files import FULL, SHORTLIST, load_note_file, load_world
+from mistill.shard import Shard
 
 TRACE_SETS: dict[str, tuple[tuple[str, ...], str]] = {
     "TR-006": (("corpus_char.jsonl",), FULL),
@@ -160,7 +161,9 @@ def run_trace_set(params: dict[str, Any], trace_set: str, *, spec: str, device: 
 
     The transformers backend samples `batch` notes of similar prompt length together (each note
     keeps its own seed's stream, so its trace does not depend on the batch); a batch's records are
-    written as it finishes, so a killed run resumes after the last finished batch."""
+    written as it finishes, so a killed run resumes after the last finished batch. Under torchrun
+    (vllm data parallel) each process samples its own notes with its own engine, and only rank 0
+    returns the summary (the others an empty one)."""
     from tqdm import tqdm
 
     from mistill.io import provenance, write_json
@@ -189,7 +192,8 @@ def run_trace_set(params: dict[str, Any], trace_set: str, *, spec: str, device: 
     # App. B: one fixed seed for every teacher trace; a record is kept only under the same input key
     rows = ResumableRows(trace_path(params, trace_set),
                          {n.note_id: input_key(model_sha256=model_sha256, prompt=prompts[n.note_id],
-                                               decoding=settings, seed=base_seed) for n in notes})
+                                               decoding=settings, seed=base_seed) for n in notes},
+                         shard=Shard.from_env())   # under torchrun: this engine's notes (vllm data parallel)
     todo_ids = set(rows.todo())
     todo = [n for n in notes if n.note_id in todo_ids]
     if todo:
@@ -214,6 +218,8 @@ def run_trace_set(params: dict[str, Any], trace_set: str, *, spec: str, device: 
                         "decoding": settings, "model": spec, "model_sha256": model_sha256,
                     })
     records = rows.finish()
+    if not rows.shard.leader:   # the summary is rank 0's, once every engine's rows are in
+        return TraceRun(rows.path, {}, rows.computed, rows.reused)
     gold = {n.note_id: n.gold_codes for n in notes}
     splits = {n.note_id: n.split for n in notes}
     candidates = {n.note_id: [c.code for c in world.candidates(n, kind)] for n in notes}

@@ -6,6 +6,14 @@ handed to vLLM's config (`hf_overrides`), so the engine runs the positions the
 transformers path runs (`mistill.models.loading.apply_rope_scaling`).  A hub id is
 read from the cached snapshot of its pinned revision, never resolved online.
 
+Data parallel (`models.vllm.data_parallel_size`: N): the generation commands run as N processes
+under torchrun (`mistill.shard`), each with an engine of its own on its own
+`tensor_parallel_size` GPUs, and note n on process n mod N. The models are dense, so the
+engines need nothing from each other (vLLM leaves the balancing of an external launcher's
+replicas to that launcher); a note's completion depends on its seed, not on which engine drew
+it. While an engine starts, its process sees only its GPUs and none of torchrun's variables,
+so vLLM sets up its own workers as in a single process.
+
 Each request samples with its own seed (`SamplingParams(seed=...)`), the decoding
 settings and the cap on new tokens.  The engine gets token ids, not text: prompts
 are templated and tokenized by the project's tokenizer, as in the transformers
@@ -17,7 +25,8 @@ transformers path's: the model's end-of-turn token and nothing else.
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -25,15 +34,22 @@ from mistill.errors import UserError
 from mistill.io import read_json
 from mistill.models.generation import Decoding, Generation, completion_of
 from mistill.models.loading import ModelSpec, as_spec, checkpoint_directory, load_tokenizer, yarn_window
+from mistill.shard import Shard
 
 ENGINE_SEED = 0  # the engine's own seed; every request carries its note's seed
+# What torchrun tells its processes; vLLM would read it as its own world while it starts its workers.
+TORCHRUN_VARIABLES = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK", "GROUP_WORLD_SIZE",
+                      "ROLE_RANK", "ROLE_WORLD_SIZE", "ROLE_NAME", "MASTER_ADDR", "MASTER_PORT",
+                      "TORCHELASTIC_RUN_ID", "TORCHELASTIC_RESTART_COUNT", "TORCHELASTIC_MAX_RESTARTS",
+                      "TORCHELASTIC_USE_AGENT_STORE", "TORCHELASTIC_ERROR_FILE", "TORCH_NCCL_ASYNC_ERROR_HANDLING")
 
 
 @dataclass(frozen=True)
 class EngineSettings:
     """The profile's vLLM engine arguments for one model."""
 
-    tensor_parallel_size: int = 1
+    tensor_parallel_size: int = 1     # GPUs of one engine
+    data_parallel_size: int = 1       # engines, one process each, each on its own tensor_parallel_size GPUs
     gpu_memory_utilization: float = 0.9
     max_model_len: int | None = None  # None: the model's window (its YaRN window when scaled)
 
@@ -48,12 +64,63 @@ class EngineSettings:
         if isinstance(length, Mapping):
             length = length.get(name) if name else None
         settings = cls(**section, max_model_len=None if length is None else int(length))
-        if settings.tensor_parallel_size < 1 or not 0 < settings.gpu_memory_utilization <= 1:
+        if (settings.tensor_parallel_size < 1 or settings.data_parallel_size < 1
+                or not 0 < settings.gpu_memory_utilization <= 1):
             raise UserError(f"params models.vllm: invalid settings {settings}")
         return settings
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
+
+
+def generation_processes(params: Mapping[str, Any]) -> int:
+    """How many processes a generation command runs as: one per vLLM engine under the vllm backend
+    (`models.vllm.data_parallel_size`), one under transformers."""
+    models = params.get("models") or {}
+    if models.get("generation_backend", "transformers") != "vllm":
+        return 1
+    return EngineSettings.from_params(models, None).data_parallel_size
+
+
+def visible_gpus(env: Mapping[str, str] | None = None) -> list[str]:
+    """The GPUs this process may use, as CUDA_VISIBLE_DEVICES names them (indices or UUIDs)."""
+    env = os.environ if env is None else env
+    listed = env.get("CUDA_VISIBLE_DEVICES")
+    if listed is not None:
+        return [gpu.strip() for gpu in listed.split(",") if gpu.strip()]
+    import torch
+
+    return [str(i) for i in range(torch.cuda.device_count())]
+
+
+def replica_gpus(shard: Shard, tensor_parallel_size: int, gpus: Sequence[str]) -> list[str]:
+    """The GPUs of engine `shard.rank`: the rank's block of `tensor_parallel_size` among `gpus`."""
+    needed = shard.world * tensor_parallel_size
+    if len(gpus) < needed:
+        raise UserError(f"params models.vllm: data_parallel_size {shard.world} x tensor_parallel_size "
+                        f"{tensor_parallel_size} needs {needed} GPUs; {len(gpus)} visible")
+    start = shard.rank * tensor_parallel_size
+    return list(gpus[start:start + tensor_parallel_size])
+
+
+@contextmanager
+def replica_environment(shard: Shard, tensor_parallel_size: int) -> Iterator[None]:
+    """While an engine starts under torchrun, this process sees its own GPUs only and none of torchrun's
+    variables; both come back afterwards (the processes' barrier needs the variables, and a second engine
+    of the same process its block of the same GPUs; the engine's workers keep what they saw at their
+    start). One process: no change."""
+    if shard.world == 1:
+        yield
+        return
+    gpus = replica_gpus(shard, tensor_parallel_size, visible_gpus())
+    saved = {name: os.environ.pop(name) for name in (*TORCHRUN_VARIABLES, "CUDA_VISIBLE_DEVICES")
+             if name in os.environ}
+    os.environ["CUDA_VISIBLE_DEVICES"] = ",".join(gpus)
+    try:
+        yield
+    finally:
+        os.environ.pop("CUDA_VISIBLE_DEVICES")
+        os.environ.update(saved)
 
 
 def checkpoint_scaling(directory) -> dict[str, Any] | None:
@@ -87,7 +154,7 @@ def engine_arguments(spec: ModelSpec, settings: EngineSettings) -> dict[str, Any
         "skip_tokenizer_init": True,  # token ids in, token ids out: the project's tokenizer does both ends
         "dtype": spec.dtype or "auto",
         "seed": ENGINE_SEED,
-        "tensor_parallel_size": settings.tensor_parallel_size,
+        "tensor_parallel_size": settings.tensor_parallel_size,   # data parallel: one engine per process
         "gpu_memory_utilization": settings.gpu_memory_utilization,
     }
     if settings.max_model_len is not None:
@@ -104,14 +171,16 @@ class VLLMGenerator:
     def __init__(self, spec: ModelSpec | str, settings: EngineSettings | None = None, tokenizer=None):
         self.spec = as_spec(spec)
         self.tokenizer = tokenizer or load_tokenizer(self.spec)
-        self.engine_arguments = engine_arguments(self.spec, settings or EngineSettings())
+        settings = settings or EngineSettings()
+        self.engine_arguments = engine_arguments(self.spec, settings)
         os.environ["HF_HUB_OFFLINE"] = "1"  # before vLLM imports huggingface_hub: nothing is downloaded
         try:
             from vllm import LLM, SamplingParams
         except ImportError:
             raise UserError("the vllm backend needs vLLM (pip install -e '.[paper]')") from None
         self._sampling_params = SamplingParams
-        self.llm = LLM(**self.engine_arguments)
+        with replica_environment(Shard.from_env(), settings.tensor_parallel_size):
+            self.llm = LLM(**self.engine_arguments)
 
     @classmethod
     def from_params(cls, models: Mapping[str, Any], spec: ModelSpec) -> VLLMGenerator:

@@ -34,6 +34,7 @@ from pathlib import Path
 ENGINES: list[LLM] = []  # every engine made since the test's fixture cleared it
 SCRIPT_ENV = "MISTILL_FAKE_VLLM_SCRIPT"
 
+ENVIRONMENT = ("CUDA_VISIBLE_DEVICES", "RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")
 ENGINE_ARGUMENTS = {"model", "tokenizer", "skip_tokenizer_init", "dtype", "seed", "tensor_parallel_size",
                     "gpu_memory_utilization", "max_model_len", "hf_overrides", "revision", "tokenizer_revision",
                     "enforce_eager", "trust_remote_code"}
@@ -78,6 +79,8 @@ class LLM:
         self.vocab_size = int(config["vocab_size"])
         self.requests: list[tuple[list[int], SamplingParams]] = []
         self.script = Script(os.environ[SCRIPT_ENV], model) if os.environ.get(SCRIPT_ENV) else None
+        # what the engine's workers would see of the process: its GPUs and any torchrun variable
+        self.environment = {name: os.environ.get(name) for name in ENVIRONMENT}
         ENGINES.append(self)
 
     def generate(self, prompts, sampling_params, use_tqdm: bool = True) -> list[RequestOutput]:
