@@ -26,8 +26,10 @@ def config() -> CalibrationConfig:
     return CalibrationConfig.from_params(load_params(REPO / "params.yaml"))
 
 
-def test_the_demo_calibrates_with_four_replicates_of_one_perturbation_each(config):
-    assert [r.name for r in config.replicates] == ["threads-1", "jitter-1", "jitter-2", "seed-1"]
+def test_the_demo_calibrates_with_five_replicates_of_one_perturbation_each(config):
+    assert [r.name for r in config.replicates] == ["threads-1", "jitter-1", "jitter-2", "seed-1", "isa-avx2"]
+    avx2 = dict(config.replicates[-1].env)     # an AVX2-only CPU's kernels, bf16 products through fp32
+    assert avx2 == {"ONEDNN_MAX_CPU_ISA": "AVX2", "MKL_ENABLE_INSTRUCTIONS": "AVX2", "MISTILL_BF16_GEMM": "emulate"}
     assert config.multiple == 4
     assert config.results == ("R-D1", "R-D2", "R-D5", "R-D6", "R-D18", "R-D19")
 
