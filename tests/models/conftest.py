@@ -75,3 +75,28 @@ def fake_vllm(monkeypatch):
     vllm.ENGINES.clear()
     yield vllm
     sys.modules.pop("vllm", None)
+
+
+def write_paper_world(root: Path, models: dict, test_notes: slice, vllm: dict | None = None) -> Path:
+    """A paper-profile project at `root`: tests/chain/test_resume's notes (all of them characterization
+    notes, the first two training notes, `test_notes` the test notes) on two-code shortlists, and the
+    paper's paths, seeds and decoding with `models` (its `vllm` section updated by `vllm`)."""
+    import json
+
+    from mistill.io import write_jsonl
+    from mistill.params import load_params
+    from tests.chain.test_resume import CODES, NOTES
+
+    data = root / "artifacts" / "data"
+    write_jsonl(data / "inventory.jsonl", CODES)
+    write_jsonl(data / "corpus_char.jsonl", NOTES)
+    write_jsonl(data / "dt_train.jsonl", NOTES[:2])
+    write_jsonl(data / "dt_test.jsonl", NOTES[test_notes])
+    write_jsonl(data / "shortlists.jsonl", [{"note_id": n["note_id"], "codes": ["N18.3", "N18.4"]} for n in NOTES])
+    paper = load_params(profile="paper")
+    profile = {key: paper[key] for key in ("paths", "seeds", "decoding")}
+    profile.update(world={"inventory": {"source": "icd10cm"}},
+                   models={**models, "device": "cpu", "vllm": {**models["vllm"], **(vllm or {})}},
+                   evaluate={"test_notes": "artifacts/data/dt_test.jsonl"})
+    (root / "params.yaml").write_text(json.dumps({"profile": "paper", "paper": profile}))
+    return root

@@ -131,21 +131,13 @@ def test_paper_profile_generation_commands_rehearsed(hub_cache, fake_vllm, tmp_p
     under the paper profile: the teacher with one fixed seed and YaRN x4, a student per note with YaRN x2."""
     from mistill.cli import main
     from mistill.evaluate.generate_commands import note_seed
-    from mistill.io import read_jsonl, write_jsonl
+    from mistill.io import read_jsonl
     from mistill.params import load_params
-    from tests.chain.test_resume import CODES, NOTES
+    from tests.chain.test_resume import NOTES
+    from tests.models.conftest import write_paper_world
 
-    data = tmp_path / "artifacts" / "data"
-    write_jsonl(data / "inventory.jsonl", CODES)
-    write_jsonl(data / "corpus_char.jsonl", NOTES)
-    write_jsonl(data / "dt_train.jsonl", NOTES[:2])
-    write_jsonl(data / "dt_test.jsonl", NOTES[2:4])
-    write_jsonl(data / "shortlists.jsonl", [{"note_id": n["note_id"], "codes": ["N18.3", "N18.4"]} for n in NOTES])
+    write_paper_world(tmp_path, hub_cache, test_notes=slice(2, 4))
     paper = load_params(profile="paper")
-    profile = {key: paper[key] for key in ("paths", "seeds", "decoding")}
-    profile.update(world={"inventory": {"source": "icd10cm"}}, models={**hub_cache, "device": "cpu"},
-                   evaluate={"test_notes": "artifacts/data/dt_test.jsonl"})
-    (tmp_path / "params.yaml").write_text(json.dumps({"profile": "paper", "paper": profile}))
     monkeypatch.chdir(tmp_path)
 
     assert main(["models", "traces", "--set", "TR-007"]) == 0

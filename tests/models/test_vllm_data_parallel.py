@@ -16,12 +16,12 @@ import torch.multiprocessing as mp
 
 from mistill.errors import UserError
 from mistill.evaluate.generate_commands import note_seed
-from mistill.io import read_jsonl, write_jsonl
+from mistill.io import read_jsonl
 from mistill.models.trace_rows import ResumableRows
 from mistill.models.vllm_backend import generation_processes, replica_environment, replica_gpus
 from mistill.shard import Shard
-from tests.chain.test_resume import CODES, NOTES
-from tests.models.conftest import FAKES
+from tests.chain.test_resume import NOTES
+from tests.models.conftest import FAKES, write_paper_world
 
 TORCHRUN = {"RANK": "1", "WORLD_SIZE": "2", "LOCAL_RANK": "1", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29999"}
 
@@ -81,24 +81,6 @@ def test_a_killed_sharded_run_resumes_from_its_part_files(tmp_path):
     assert stale.todo() == ["n1"]
 
 
-def _paper_world(root: Path, models: dict, data_parallel_size: int) -> Path:
-    from mistill.params import load_params
-
-    data = root / "artifacts" / "data"
-    write_jsonl(data / "inventory.jsonl", CODES)
-    write_jsonl(data / "corpus_char.jsonl", NOTES)
-    write_jsonl(data / "dt_train.jsonl", NOTES[:2])
-    write_jsonl(data / "dt_test.jsonl", NOTES[1:6])
-    write_jsonl(data / "shortlists.jsonl", [{"note_id": n["note_id"], "codes": ["N18.3", "N18.4"]} for n in NOTES])
-    paper = load_params(profile="paper")
-    profile = {key: paper[key] for key in ("paths", "seeds", "decoding")}
-    vllm = {**models["vllm"], "data_parallel_size": data_parallel_size}
-    profile.update(world={"inventory": {"source": "icd10cm"}}, models={**models, "device": "cpu", "vllm": vllm},
-                   evaluate={"test_notes": "artifacts/data/dt_test.jsonl"})
-    (root / "params.yaml").write_text(json.dumps({"profile": "paper", "paper": profile}))
-    return root
-
-
 def _commands(root: Path, cache: str) -> None:
     """`models traces` and `evaluate generate` in this process, then what its engines saw into engines.json."""
     import huggingface_hub.constants
@@ -131,8 +113,8 @@ def _free_port() -> int:
 
 def test_two_engines_write_the_bytes_one_engine_writes(tmp_path, paper_models, monkeypatch):
     cache, models = paper_models
-    one = _paper_world(tmp_path / "one", models, data_parallel_size=1)
-    two = _paper_world(tmp_path / "two", models, data_parallel_size=2)
+    one = write_paper_world(tmp_path / "one", models, test_notes=slice(1, 6), vllm={"data_parallel_size": 1})
+    two = write_paper_world(tmp_path / "two", models, test_notes=slice(1, 6), vllm={"data_parallel_size": 2})
     monkeypatch.setattr(sys, "path", list(sys.path))                    # the fake stays out of other tests
     monkeypatch.delitem(sys.modules, "vllm", raising=False)
     monkeypatch.chdir(tmp_path)
