@@ -90,3 +90,20 @@ def test_cli_strict_passes_and_prints_the_summary_then_fails_naming_r_c2(demo_re
     assert main(args) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "R-C2 (no numbers file;" in err and "all_heads_knockin_minus_clean_margin" in err
+
+
+def test_rows_name_the_profiles_own_models(registry, demo_results, tmp_path, monkeypatch):
+    """params labels.models names each model in the tables: the demo's tiny students are not Qwen3-4B."""
+    render(registry, demo_results, tmp_path / "build", strict=False)
+    tables = {n: (tmp_path / "build" / "tables" / f"{n}.md").read_text() for n in ("table2", "table3", "table43")}
+    for text in tables.values():
+        assert "Qwen3-4B" not in text and "SmolLM3-3B" not in text and "Qwen3-14B" not in text
+        assert "***demo Qwen3 student***" in text and "***demo SmolLM3 student***" in text
+    assert md_row(tables["table3"], "teacher (demo Qwen3 teacher, HD-002)")[3] == "0.746"   # R-D6's demo golden
+
+    import mistill.params
+
+    # a profile whose labels miss a model a table names
+    monkeypatch.setattr(mistill.params, "load_params", lambda *a, **k: {"labels": {"models": {"teacher": "T"}}})
+    with pytest.raises(UserError, match=r"params demo.labels.models names no 'student_qwen' \(it names: teacher\)"):
+        render(registry, demo_results, tmp_path / "again", strict=False)

@@ -9,6 +9,8 @@ value).  A key whose name carries a size or head names that the profile's params
 its groups.  It is rendered twice, as LaTeX (``tables/<name>.tex``) and as Markdown
 readable on a code host (``tables/<name>.md``), through the shared layout
 ``_layout.j2``.  ``macros.tex`` holds one ``\newcommand`` per registered value.
+A row that names a model says ``model("student_qwen")``: the profile's own name for it
+(params ``labels.models``), so the demo's tables never call its tiny models Qwen3-4B.
 
 A cell whose number no numbers file holds shows ``??`` and is reported.  In
 strict mode a missing number is an error when the active profile claims it: a
@@ -30,6 +32,7 @@ from __future__ import annotations
 
 import dataclasses
 import re
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -120,6 +123,20 @@ def load_numbers(registry: Registry, results_dir: str | Path, profile: str) -> d
     return numbers
 
 
+def model_labels(registry: Registry, profile: str) -> Callable[[str], str]:
+    """`model(role)` for the templates: params `labels.models` of `profile` (params.yaml beside the registry)."""
+    from mistill.params import load_params
+
+    names = (load_params(registry.root / "params.yaml", profile=profile).get("labels") or {}).get("models") or {}
+
+    def model(role: str) -> str:
+        if role not in names:
+            raise UserError(f"params {profile}.labels.models names no {role!r} (it names: "
+                            f"{', '.join(names) or 'nothing'}); a table's row needs it")
+        return str(names[role])
+    return model
+
+
 def render_paper(registry: Registry, *, results_dir: str | Path, out_dir: str | Path,
                  templates_dir: str | Path, profile: str, strict: bool = False) -> RenderReport:
     """Render every table and macros.tex into memory, then write them atomically."""
@@ -140,6 +157,7 @@ def render_paper(registry: Registry, *, results_dir: str | Path, out_dir: str | 
     env.globals["decimals"] = lambda cell, digits: dataclasses.replace(cell, digits=int(digits))  # a column the paper never printed
     claims = claimed_numbers(registry, profile)
     env.globals["keys_like"] = _keys_like(registry, numbers, profile)
+    env.globals["model"] = model_labels(registry, profile)
     report = RenderReport(profile)
     out_dir = Path(out_dir)
 
