@@ -100,10 +100,12 @@ def test_rows_name_the_profiles_own_models(registry, demo_results, tmp_path, mon
         assert "Qwen3-4B" not in text and "SmolLM3-3B" not in text and "Qwen3-14B" not in text
         assert "***demo Qwen3 student***" in text and "***demo SmolLM3 student***" in text
     assert md_row(tables["table3"], "teacher (demo Qwen3 teacher, HD-002)")[3] == "0.746"   # R-D6's demo golden
+    figures = (tmp_path / "build" / "figures" / "index.md").read_text()   # figure titles name them too
+    assert "## Figure 6: phases, terms and dose (demo Qwen3 student)" in figures and "Qwen3-4B" not in figures
 
     import mistill.params
 
     # a profile whose labels miss a model a table names
     monkeypatch.setattr(mistill.params, "load_params", lambda *a, **k: {"labels": {"models": {"teacher": "T"}}})
-    with pytest.raises(UserError, match=r"params demo.labels.models names no 'student_qwen' \(it names: teacher\)"):
+    with pytest.raises(UserError, match=r"profile demo: params labels.models names no 'student_qwen' \(it names: teacher\)"):
         render(registry, demo_results, tmp_path / "again", strict=False)

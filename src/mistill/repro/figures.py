@@ -12,7 +12,7 @@ A spec::
     reads: [R-D6, R-D7]
     caption: "..."                    # optional, printed under the panels
     panels:
-      - title: Qwen3-4B
+      - title: "{student_qwen}"       # a model's name as the profile gives it (params labels.models)
         kind: bars                    # one bar per entry
         ylabel: own-heads P2C recovery
         bars:
@@ -42,6 +42,7 @@ from __future__ import annotations
 import io
 import re
 from collections import OrderedDict
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -175,12 +176,27 @@ def load_specs(figures_dir: str | Path, registry: Registry) -> list[tuple[str, d
 
 
 def render_figures(registry: Registry, numbers: dict[str, NumbersFile], figures_dir: str | Path,
-                   profile: str) -> FiguresReport:
-    """Render every spec under `figures_dir` into memory (PDF and PNG bytes)."""
+                   profile: str, model_names: Mapping[str, str] | None = None) -> FiguresReport:
+    """Render every spec under `figures_dir` into memory (PDF and PNG bytes); `{role}` in a title is the
+    profile's name for that model (`model_names`, params labels.models)."""
     report = FiguresReport()
     for name, spec in load_specs(figures_dir, registry):
-        report.figures.append(_render_one(registry, numbers, name, spec, profile, Path(figures_dir) / f"{name}.yaml"))
+        where = Path(figures_dir) / f"{name}.yaml"
+        spec = _titles_named(spec, model_names or {}, str(where))
+        report.figures.append(_render_one(registry, numbers, name, spec, profile, where))
     return report
+
+
+def _titles_named(spec: dict[str, Any], names: Mapping[str, str], where: str) -> dict[str, Any]:
+    """A copy of `spec` whose titles and caption name the models as the profile does."""
+    from mistill.repro.labels import name_models
+
+    panels = [{**panel, "title": name_models(str(panel["title"]), names, where)} if "title" in panel else panel
+              for panel in spec.get("panels") or []]
+    named = {**spec, "title": name_models(spec["title"], names, where), **({"panels": panels} if panels else {})}
+    if spec.get("caption"):
+        named["caption"] = name_models(str(spec["caption"]), names, where)
+    return named
 
 
 def figures_index(report: FiguresReport, profile: str) -> str:

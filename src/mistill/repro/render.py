@@ -10,7 +10,8 @@ its groups.  It is rendered twice, as LaTeX (``tables/<name>.tex``) and as Markd
 readable on a code host (``tables/<name>.md``), through the shared layout
 ``_layout.j2``.  ``macros.tex`` holds one ``\newcommand`` per registered value.
 A row that names a model says ``model("student_qwen")``: the profile's own name for it
-(params ``labels.models``), so the demo's tables never call its tiny models Qwen3-4B.
+(params ``labels.models``, `mistill.repro.labels`), so the demo's tables never call its tiny
+models Qwen3-4B; a figure's titles write ``{student_qwen}``.
 
 A cell whose number no numbers file holds shows ``??`` and is reported.  In
 strict mode a missing number is an error when the active profile claims it: a
@@ -32,7 +33,6 @@ from __future__ import annotations
 
 import dataclasses
 import re
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -41,6 +41,7 @@ import jinja2
 
 from mistill.errors import UserError
 from mistill.io import atomic_open
+from mistill.repro.labels import model_name, model_names
 from mistill.repro.macros import macro_name
 from mistill.repro.numbers import NumbersFile, read_numbers
 from mistill.repro.registry import Registry
@@ -123,20 +124,6 @@ def load_numbers(registry: Registry, results_dir: str | Path, profile: str) -> d
     return numbers
 
 
-def model_labels(registry: Registry, profile: str) -> Callable[[str], str]:
-    """`model(role)` for the templates: params `labels.models` of `profile` (params.yaml beside the registry)."""
-    from mistill.params import load_params
-
-    names = (load_params(registry.root / "params.yaml", profile=profile).get("labels") or {}).get("models") or {}
-
-    def model(role: str) -> str:
-        if role not in names:
-            raise UserError(f"params {profile}.labels.models names no {role!r} (it names: "
-                            f"{', '.join(names) or 'nothing'}); a table's row needs it")
-        return str(names[role])
-    return model
-
-
 def render_paper(registry: Registry, *, results_dir: str | Path, out_dir: str | Path,
                  templates_dir: str | Path, profile: str, strict: bool = False) -> RenderReport:
     """Render every table and macros.tex into memory, then write them atomically."""
@@ -157,7 +144,8 @@ def render_paper(registry: Registry, *, results_dir: str | Path, out_dir: str | 
     env.globals["decimals"] = lambda cell, digits: dataclasses.replace(cell, digits=int(digits))  # a column the paper never printed
     claims = claimed_numbers(registry, profile)
     env.globals["keys_like"] = _keys_like(registry, numbers, profile)
-    env.globals["model"] = model_labels(registry, profile)
+    names = model_names(registry.root, profile)
+    env.globals["model"] = lambda role: model_name(names, role, f"profile {profile}")
     report = RenderReport(profile)
     out_dir = Path(out_dir)
 
@@ -214,7 +202,7 @@ def _add_figures(report: RenderReport, registry: Registry, numbers: dict[str, Nu
                         "(`pip install -e .`, or ./setup.sh)") from None
     from mistill.repro.figures import figures_index, render_figures
 
-    figures = render_figures(registry, numbers, figures_dir, profile)
+    figures = render_figures(registry, numbers, figures_dir, profile, model_names(registry.root, profile))
     for fig in figures.figures:
         for fmt, content in fig.files.items():
             report.outputs[out_dir / "figures" / f"{fig.name}.{fmt}"] = content
