@@ -6,6 +6,7 @@
     mistill repro bless IDS... [--accept-breach REASON] [--profile P] [--results DIR]
     mistill repro privacy [PATHS...] [--shareable]
     mistill repro publish [TARGETS...] [--dry-run]
+    mistill repro plot-data --runs DIR... --out DIR
 
 `render` also draws the figures of paper/templates/figures/ (PDF and PNG, mistill.repro.figures).
 """
@@ -60,6 +61,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     register_calibrate(subparsers)
     from mistill.repro.grid import register as register_grid  # `mistill repro grid`
     register_grid(subparsers)
+    from mistill.repro.plot_data import register as register_plot_data  # `mistill repro plot-data`
+    register_plot_data(subparsers)
 
 
 def _common(parser: argparse.ArgumentParser) -> None:
