@@ -42,6 +42,7 @@ from mistill.repro.check import FAIL, NOT_REPRODUCED, CheckLine, fmt_value, run_
 from mistill.repro.numbers import NumbersFile, hash_inputs, numbers_path, read_numbers
 from mistill.repro.registry import EXPECTED_DIR, Registry, expected_path, infer_kind
 from mistill.repro.registry_md import REGISTRY_MD
+from mistill.repro.tolerance import says_null
 
 # Verdicts of the check that make blessing a change of the goldens rather than a refresh of them.
 BREACH_VERDICTS = (FAIL, NOT_REPRODUCED)
@@ -116,6 +117,8 @@ def bless(registry: Registry, ids: list[str], *, profile: str, results_dir: str 
                 entry["tolerance"] = old[key]["tolerance"]
                 if "descriptive" in old[key]:           # the calibration's mark goes with its tolerance
                     entry["descriptive"] = old[key]["descriptive"]
+                if "null_interval" in old[key] and says_null(key, number["value"]):
+                    entry["null_interval"] = old[key]["null_interval"]   # ... while the interval still says null
                 if str(old[key]["tolerance"].get("basis", "")).startswith("invariant"):
                     # an invariant's expected value is the invariant itself, not the run's rounding error
                     entry.update(value=old[key]["value"], kind=old[key].get("kind", entry["kind"]),

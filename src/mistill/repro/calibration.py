@@ -26,6 +26,13 @@ they are shares, p-values in [0, 1], counts >= 0), never for its value. A value 
 moved (spread 0: it does not depend on the chain's numerics, such as the teacher's own row) keeps
 the tolerance it had. An invariant (basis "invariant ...") keeps its own.
 
+A moved 95% interval of a difference (a key ending in `_interval`) whose golden contains zero says
+"no difference shown", and that is what it is checked for: it becomes a *null interval*, whose check
+asks that the interval still contains zero, whatever its ends (its ends move with the point estimate
+from machine to machine; whether it covers zero is the finding). An interval that excludes zero
+keeps the rule above: a finding while its tolerance keeps it off zero, descriptive otherwise.
+`calibrate apply --marks-only` re-derives these marks from the expected values alone.
+
 `apply_calibration` writes each calibrated tolerance into results/expected/<profile>.yaml with
 the calibration's provenance, so `mistill repro check` and a later `bless` (which keeps a
 value's own tolerance) use it.
@@ -49,7 +56,7 @@ from mistill.io import atomic_open, code_version, file_sha256, read_json, write_
 from mistill.repro.check import run_check
 from mistill.repro.numbers import read_numbers
 from mistill.repro.registry import Registry, expected_path
-from mistill.repro.tolerance import flatten, shape
+from mistill.repro.tolerance import flatten, says_null, shape
 
 SPREAD_FILE = "spread.json"
 CALIBRATED = "calibrated"
@@ -143,6 +150,7 @@ class CalibratedValue:
     tolerance: float | None        # None: the present (class) tolerance stays, being the wider
     descriptive: bool
     range: list[float] | None
+    null_interval: bool = False    # an interval that contains zero: checked for still containing it
 
 
 def calibrate(spreads: list[Spread], multiple: float, kinds: dict[tuple[str, str], str],
@@ -158,6 +166,9 @@ def calibrate(spreads: list[Spread], multiple: float, kinds: dict[tuple[str, str
         floor = floors.get((s.result_id, s.key), 0.0)
         tol = measured if measured > floor else None
         golden = flatten(s.golden) or []
+        if says_null(s.key, s.golden):
+            out.append(CalibratedValue(s.result_id, s.key, tol, False, None, null_interval=True))
+            continue
         descriptive = any(max(measured, floor) >= abs(g) for g in golden)
         if tol is None and not descriptive:
             continue
@@ -167,9 +178,25 @@ def calibrate(spreads: list[Spread], multiple: float, kinds: dict[tuple[str, str
     return out
 
 
+NULL_WHY = ("a 95% interval of a difference that contains zero: checked for still containing zero (no "
+            "difference shown), not for its ends, which move with the point estimate on another machine")
+DESCRIPTIVE_WHY = ("its replicates move it and its tolerance reaches zero from the golden: what it says can "
+                   "change on another machine")
+
+
+def mark(entry: dict[str, Any], c: CalibratedValue) -> None:
+    """Write a calibrated value's marks into its expected-values entry (replacing the old ones)."""
+    entry.pop("descriptive", None)
+    entry.pop("null_interval", None)
+    if c.null_interval:
+        entry["null_interval"] = {"why": NULL_WHY}
+    elif c.descriptive:
+        entry["descriptive"] = {"range": c.range, "why": DESCRIPTIVE_WHY}
+
+
 def apply_calibration(registry: Registry, profile: str, spread_path: Path) -> list[CalibratedValue]:
     """Write the calibrated tolerances of `spread_path` into results/expected/<profile>.yaml."""
-    from mistill.repro.bless import HEADER, refuse_uncommitted_code
+    from mistill.repro.bless import refuse_uncommitted_code
 
     data_path = expected_path(registry.root, profile)
     with data_path.open(encoding="utf-8") as fh:
@@ -207,21 +234,48 @@ def apply_calibration(registry: Registry, profile: str, spread_path: Path) -> li
         entry = data["expected"][c.result_id][c.key]
         if c.tolerance is not None:
             entry["tolerance"] = {"absolute": c.tolerance, "basis": basis}
-        entry.pop("descriptive", None)
-        if c.descriptive:
-            entry["descriptive"] = {"range": c.range, "why": "its replicates move it and its tolerance reaches "
-                                    "zero from the golden: what it says can change on another machine"}
+        mark(entry, c)
     data.setdefault("meta", {})["calibration"] = {
         "spreads": str(spread_path), "spreads_sha256": file_sha256(spread_path), "code_version": code_version(),
         "machine": f"{platform.node()} ({platform.machine()}, {os.cpu_count()} CPUs)",
         "date": dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
     }
+    _write_expected(registry, profile, data_path, data)
+    return calibrated
+
+
+def _write_expected(registry: Registry, profile: str, data_path: Path, data: dict[str, Any]) -> None:
+    from mistill.repro.bless import HEADER
+
     text = yaml.safe_dump(data, sort_keys=False, allow_unicode=True, width=120, default_flow_style=None)
     with atomic_open(data_path, "w", encoding="utf-8") as fh:
         fh.write(HEADER.format(profile=profile) + text)
     registry._expected.pop(profile, None)
     registry.expected(profile)
-    return calibrated
+
+
+def remark_null_intervals(registry: Registry, profile: str) -> list[CalibratedValue]:
+    """The null-interval marks of the values the last calibration set, derived again from the expected
+    values alone (`calibrate apply --marks-only`); tolerances and other values are left as they are."""
+    from mistill.repro.bless import refuse_uncommitted_code
+
+    data_path = expected_path(registry.root, profile)
+    with data_path.open(encoding="utf-8") as fh:
+        data = yaml.safe_load(fh) or {}
+    if not (data.get("meta") or {}).get("blessable", False):
+        raise UserError(f"{data_path}: profile {profile!r} holds fixed expected values; nothing to calibrate")
+    refuse_uncommitted_code(registry.root, registry.root / "results")
+    marked = []
+    for rid, keys in data["expected"].items():
+        for key, entry in keys.items():
+            basis = str((entry.get("tolerance") or {}).get("basis", ""))
+            if basis.startswith(CALIBRATED) and says_null(key, entry["value"]) and "null_interval" not in entry:
+                c = CalibratedValue(rid, key, None, False, None, null_interval=True)
+                mark(entry, c)
+                marked.append(c)
+    if marked:
+        _write_expected(registry, profile, data_path, data)
+    return marked
 
 
 def register(subparsers) -> None:
@@ -237,6 +291,9 @@ def register(subparsers) -> None:
     apply.add_argument("--spreads", type=Path, help="spread file (default: <calibration.out>/spread.json)")
     apply.add_argument("--readme", type=Path, nargs="?", const=Path("README.md"), default=None, metavar="PATH",
                        help="also rewrite the findings table between its markers in README.md (or PATH)")
+    apply.add_argument("--marks-only", action="store_true",
+                       help="derive the null-interval marks of the calibrated values again from the expected "
+                            "values alone (no spread file, no tolerance changes)")
     apply.set_defaults(func=cmd_apply)
 
 
@@ -265,10 +322,20 @@ def cmd_apply(args) -> int:
     params = load_params()
     config = CalibrationConfig.from_params(params)
     registry = load_registry()
+    if args.marks_only:
+        calibrated = remark_null_intervals(registry, params["profile"])
+        for c in calibrated:
+            print(f"{c.result_id}.{c.key}: null interval (checked for containing 0)")
+        print(f"marked {len(calibrated)} null intervals in results/expected/{params['profile']}.yaml")
+        write_registry_md(registry)
+        if args.readme is not None:
+            _rewrite_readme(args.readme, registry, params["profile"], config.results)
+        return 0
     calibrated = apply_calibration(registry, params["profile"], args.spreads or config.out / SPREAD_FILE)
     for c in calibrated:
         tol = f"±{c.tolerance:g}" if c.tolerance is not None else "class tolerance kept"
-        print(f"{c.result_id}.{c.key}: {tol}" + (f", descriptive in {c.range}" if c.descriptive else ""))
+        marks = (", null interval" if c.null_interval else "") + (f", descriptive in {c.range}" if c.descriptive else "")
+        print(f"{c.result_id}.{c.key}: {tol}{marks}")
     descriptive = sum(c.descriptive for c in calibrated)
     print(f"calibrated {sum(c.tolerance is not None for c in calibrated)} tolerances, {descriptive} values "
           f"descriptive in "
@@ -287,12 +354,15 @@ def cmd_apply(args) -> int:
                 print(f"  {line.result_id}.{line.key}: {line.verdict} {line.detail}")
     write_registry_md(registry)
     if args.readme is not None:
-        from mistill.repro.stage_times import replace_in_readme
-
-        replace_in_readme(args.readme, findings_table(registry, params["profile"], config.results),
-                          README_BEGIN, README_END)
-        print(f"rewrote the findings table in {args.readme}")
+        _rewrite_readme(args.readme, registry, params["profile"], config.results)
     return 1 if failed else 0
+
+
+def _rewrite_readme(readme: Path, registry: Registry, profile: str, results: tuple[str, ...]) -> None:
+    from mistill.repro.stage_times import replace_in_readme
+
+    replace_in_readme(readme, findings_table(registry, profile, results), README_BEGIN, README_END)
+    print(f"rewrote the findings table in {readme}")
 
 
 README_BEGIN = "<!-- calibrated-findings:begin (generated by `mistill repro calibrate apply --readme`) -->"
@@ -310,8 +380,12 @@ def findings_table(registry: Registry, profile: str, results: tuple[str, ...]) -
             golden = flatten(exp.value) or []
             interval = "; ".join(f"[{g - exp.tolerance.allowed(g):.3g}, {g + exp.tolerance.allowed(g):.3g}]"
                                  for g in golden)
-            shown = ("descriptive (the interval reaches zero)" if exp.descriptive is not None
-                     else "a finding (the interval excludes zero)")
+            if exp.null_interval_why is not None:
+                shown = "a null finding (checked: the interval still contains zero)"
+            elif exp.descriptive is not None:
+                shown = "descriptive (the interval reaches zero)"
+            else:
+                shown = "a finding (the interval excludes zero)"
             value = ", ".join(f"{g:.3g}" for g in golden)
             rows.append(f"| {rid} | `{key}` | {value} | {interval} | {shown} |")
     return "\n".join(rows)

@@ -3,7 +3,7 @@
 One line per value: id, key, expected, got, tolerance, class, verdict.
 
 Verdicts: PASS (within tolerance; for a value the calibration marked descriptive, produced, of the
-golden's shape and within its kind's range), FAIL (breach), NOT REPRODUCED (no number
+golden's shape and within its kind's range; for a null interval, an interval that contains zero), FAIL (breach), NOT REPRODUCED (no number
 produced), NO EXPECTED (a number the profile records no expected value for),
 ERROR (malformed file, unknown key, wrong profile).  A result never produced is
 one NOT REPRODUCED line, never a pass.
@@ -28,7 +28,7 @@ from typing import Any
 from mistill.errors import UserError
 from mistill.repro.numbers import numbers_path, read_numbers
 from mistill.repro.registry import ALL_IDS, Registry
-from mistill.repro.tolerance import compare, within_range
+from mistill.repro.tolerance import compare, contains_zero, within_range
 
 PASS, FAIL, NOT_REPRODUCED, NO_EXPECTED, ERROR = "PASS", "FAIL", "NOT REPRODUCED", "NO EXPECTED", "ERROR"
 NUMBERS_NAME = re.compile(r"^R-[A-Z]+\d+\.json$")
@@ -133,7 +133,10 @@ def run_check(registry: Registry, profile: str, results_dir: str | Path,
                                               required, "the reader wrote no such value"))
                 continue
             got = numbers.values[key]["value"]
-            if exp.descriptive is not None:
+            if exp.null_interval_why is not None:
+                tol_text = exp.held_to()
+                outcome = contains_zero(exp.value, got)
+            elif exp.descriptive is not None:
                 tol_text = exp.held_to()
                 outcome = within_range(exp.value, got, exp.descriptive)
             else:

@@ -20,7 +20,7 @@ from typing import Any
 import yaml
 
 from mistill.errors import UserError
-from mistill.repro.tolerance import Tolerance, flatten, printed_half_unit
+from mistill.repro.tolerance import Tolerance, flatten, is_number, printed_half_unit
 
 REGISTRY_FILE = "registry.yaml"
 EXPECTED_DIR = Path("results") / "expected"
@@ -77,9 +77,14 @@ class Expected:
     # presence and for lying in this [lo, hi] range, element by element, never against `value`
     descriptive: tuple[float, float] | None = None
     descriptive_why: str = ""
+    # a 95% interval of a difference whose golden contains zero (calibration.py): checked for what it
+    # says, that it still contains zero (a null finding), never for its end points
+    null_interval_why: str | None = None
 
     def held_to(self) -> str:
         """What the check holds this value to, in words ("±0.02", "descriptive in [-1, 1]")."""
+        if self.null_interval_why is not None:
+            return f"null interval: contains 0 (tolerance {self.tolerance.describe()})"
         if self.descriptive is None:
             return self.tolerance.describe()
         lo, hi = (f"{b:g}" for b in self.descriptive)
@@ -281,9 +286,24 @@ def _parse_expected(registry: Registry, result: Result, key: str, entry: Any, *,
             tol = Tolerance(absolute=round(tol.absolute + half, 12), relative=tol.relative, cls=tol.cls,
                             basis=(tol.basis + "; " if tol.basis else "") + f"+{half:g} printed rounding")
     descriptive, why = _parse_descriptive(entry.get("descriptive"), where)
+    null_interval = _parse_null_interval(entry.get("null_interval"), value, where)
+    if null_interval is not None and descriptive is not None:
+        raise UserError(f"{where}: a value is either descriptive or a null interval, not both")
     return Expected(result_id=result.id, key=str(key), value=value, stat=str(entry.get("stat", "")),
                     kind=kind, cls=cls, tolerance=tol, reported=dict(entry.get("reported") or {}),
-                    descriptive=descriptive, descriptive_why=why)
+                    descriptive=descriptive, descriptive_why=why, null_interval_why=null_interval)
+
+
+def _parse_null_interval(spec: Any, value: Any, where: str) -> str | None:
+    """`null_interval: {why: ...}` (written by `mistill repro calibrate apply`) on a golden [lo, hi] with
+    lo <= 0 <= hi."""
+    if spec is None:
+        return None
+    if not isinstance(spec, dict) or not isinstance(value, list) or len(value) != 2 \
+            or not all(is_number(v) for v in value) or not value[0] <= 0 <= value[1]:
+        raise UserError(f"{where}: null_interval marks a golden [lo, hi] that contains zero, as "
+                        f"{{why: ...}}; got {spec!r} on {value!r}")
+    return str(spec.get("why", ""))
 
 
 def _parse_descriptive(spec: Any, where: str) -> tuple[tuple[float, float] | None, str]:

@@ -45,7 +45,7 @@ class Tolerance:
         interval = spec.get("interval")
         if interval is not None:
             if (not isinstance(interval, list) or len(interval) != 2
-                    or not all(_is_number(x) for x in interval) or interval[0] > interval[1]):
+                    or not all(is_number(x) for x in interval) or interval[0] > interval[1]):
                 raise UserError(f"{where}: tolerance interval must be [lo, hi] with lo <= hi, got {interval!r}")
             if "absolute" in spec or "relative" in spec:
                 raise UserError(f"{where}: a tolerance is either an interval or absolute/relative, not both")
@@ -54,7 +54,7 @@ class Tolerance:
         absolute = spec.get("absolute", 0.0)
         relative = spec.get("relative", 0.0)
         for name, x in (("absolute", absolute), ("relative", relative)):
-            if not _is_number(x) or x < 0:
+            if not is_number(x) or x < 0:
                 raise UserError(f"{where}: tolerance {name} must be a number >= 0, got {x!r}")
         return cls(absolute=float(absolute), relative=float(relative), cls=cls_name,
                    basis=str(spec.get("basis", "")))
@@ -97,7 +97,7 @@ class Comparison:
 
 def flatten(value: Any) -> list[float] | None:
     """The numbers of a scalar or (nested) list value, in order; None when anything is not a number."""
-    if _is_number(value):
+    if is_number(value):
         return [value]
     if isinstance(value, list):
         out: list[float] = []
@@ -171,6 +171,28 @@ def within_range(expected: Any, got: Any, bounds: tuple[float, float]) -> Compar
     return Comparison(True, -math.inf, max_diff, "")
 
 
+def says_null(key: str, value: Any) -> bool:
+    """Whether `value` is an interval of a difference (a key ending in `_interval`, [lo, hi]) that contains
+    zero: what it says is "no difference shown", and a null interval is checked for saying it still."""
+    return (key.endswith("_interval") and isinstance(value, list) and len(value) == 2
+            and all(is_number(v) for v in value) and value[0] <= 0 <= value[1])
+
+
+def contains_zero(expected: Any, got: Any) -> Comparison:
+    """A null interval: `got` is a finite [lo, hi] with lo <= hi that still contains zero, whatever its ends."""
+    exp_flat, got_flat, mismatch = _paired(expected, got)
+    if mismatch is not None:
+        return mismatch
+    max_diff = max((abs(g - e) for e, g in zip(exp_flat, got_flat)), default=0.0)
+    if len(got_flat) != 2 or not all(math.isfinite(g) for g in got_flat) or got_flat[0] > got_flat[1]:
+        return Comparison(False, math.inf, max_diff, f"not a finite interval [lo, hi]: {got!r}")
+    lo, hi = got_flat
+    if not lo <= 0 <= hi:
+        return Comparison(False, math.inf, max_diff,
+                          f"[{_fmt(lo)}, {_fmt(hi)}] no longer contains 0: the null finding does not hold")
+    return Comparison(True, -math.inf, max_diff, "")
+
+
 def printed_half_unit(value: Any) -> float:
     """Half a unit in the last printed digit, the coarsest over elements.
 
@@ -190,7 +212,7 @@ def printed_half_unit(value: Any) -> float:
     return half
 
 
-def _is_number(x: Any) -> bool:
+def is_number(x: Any) -> bool:
     return isinstance(x, (int, float)) and not isinstance(x, bool)
 
 

@@ -1,0 +1,107 @@
+"""Null intervals: a calibrated 95% interval of a difference whose golden contains zero is checked for still
+containing zero (what it says), never for its ends; an interval that excludes zero keeps the tolerance rule."""
+
+import pytest
+import yaml
+
+from mistill.cli import main
+from mistill.errors import UserError
+from mistill.repro.calibration import CalibratedValue, Spread, calibrate, findings_table, remark_null_intervals
+from mistill.repro.check import FAIL, PASS, run_check
+from mistill.repro.registry import load_registry
+from mistill.repro.tolerance import contains_zero, says_null
+from tests.repro.repro_helpers import commit_all, write_fixture
+
+KEY = "corpus_microf1_mistill_minus_bf16_vanilla_interval"   # R-D18's corpus-level bootstrap interval
+GAIN = "qwen_note_clustered_p2c_gain_vs_bf16_interval"        # one that excludes zero at its golden
+
+
+def test_an_interval_that_contains_zero_says_null():
+    assert says_null(KEY, [-0.05, 0.06]) and says_null(KEY, [0.0, 0.2]) and says_null(KEY, [-0.2, 0.0])
+    assert not says_null(KEY, [-0.37, -0.03])                   # excludes zero: a finding
+    assert not says_null("corpus_microf1_mistill_minus_bf16_vanilla", [-0.05, 0.06])   # not an interval key
+    assert not says_null(KEY, [-0.05, 0.01, 0.06]) and not says_null(KEY, 0.0)
+
+
+def test_a_null_interval_passes_while_it_contains_zero_whatever_its_ends():
+    golden = [-0.051, 0.060]
+    assert contains_zero(golden, [-0.109, 0.017]).passed        # both ends moved by more than 0.049
+    assert contains_zero(golden, [-0.3, 0.0]).passed
+    fails = contains_zero(golden, [-0.109, -0.004])
+    assert not fails.passed and "no longer contains 0" in fails.detail
+    assert not contains_zero(golden, [0.02, -0.01]).passed      # not an interval
+    assert not contains_zero(golden, [float("nan"), 0.1]).passed
+    assert not contains_zero(golden, [-0.1]).passed             # another shape
+
+
+def test_calibrate_marks_a_moved_interval_that_contains_zero_as_null():
+    def spread(key, golden, reps):
+        return Spread("R-D18", key, golden, {f"r{i}": r for i, r in enumerate(reps)}, [0.012, 0.01], 0.012)
+
+    spreads = [spread(KEY, [-0.051, 0.060], [[-0.06, 0.05], [-0.04, 0.07]]),
+               spread(GAIN, [-0.37, -0.20], [[-0.36, -0.19], [-0.38, -0.21]])]
+    kinds = {("R-D18", s.key): "share" for s in spreads}
+    out = {c.key: c for c in calibrate(spreads, 4.0, kinds)}
+    assert out[KEY] == CalibratedValue("R-D18", KEY, 0.048, False, None, null_interval=True)
+    assert not out[GAIN].null_interval and not out[GAIN].descriptive and out[GAIN].tolerance == 0.048
+
+
+def _calibrated(git_root, values: dict[str, list[float]]) -> None:
+    """R-D18 blessed at `values`, their tolerances then set as a calibration sets them."""
+    results = git_root / "results"
+    write_fixture(results, "R-D18", {k: {"value": v, "statistic": "95% interval", "artifact": "artifacts/M6"}
+                                     for k, v in values.items()}, profile="demo")
+    commit_all(git_root)
+    assert main(["repro", "bless", "R-D18", "--profile", "demo", "--results", str(results)]) == 0
+    path = results / "expected" / "demo.yaml"
+    data = yaml.safe_load(path.read_text())
+    for key in values:
+        data["expected"]["R-D18"][key]["tolerance"] = {"absolute": 0.049, "basis": "calibrated: 4 x test"}
+    path.write_text(yaml.safe_dump(data, sort_keys=False))
+    commit_all(git_root)
+
+
+def test_marks_only_then_check_then_rebless(git_root, monkeypatch):
+    monkeypatch.chdir(git_root)
+    _calibrated(git_root, {KEY: [-0.051, 0.060], GAIN: [-0.37, -0.03]})
+    registry = load_registry(git_root)
+    assert [(c.key, c.null_interval) for c in remark_null_intervals(registry, "demo")] == [(KEY, True)]
+    marked = load_registry(git_root).expected("demo").values["R-D18"]
+    assert marked[KEY].null_interval_why and marked[KEY].held_to().startswith("null interval: contains 0")
+    assert marked[GAIN].null_interval_why is None                 # excludes zero: the tolerance holds it
+    commit_all(git_root)
+    assert remark_null_intervals(load_registry(git_root), "demo") == []   # idempotent
+
+    results = git_root / "results"
+
+    def verdicts(interval, gain=(-0.37, -0.03)):
+        write_fixture(results, "R-D18", {KEY: {"value": list(interval), "statistic": "s", "artifact": "a"},
+                                         GAIN: {"value": list(gain), "statistic": "s", "artifact": "a"}},
+                      profile="demo")
+        return {ln.key: ln.verdict for ln in run_check(load_registry(git_root), "demo", results, ["R-D18"]).lines}
+
+    assert verdicts([-0.109, 0.017])[KEY] == PASS                 # the second machine's: ends moved, still null
+    assert verdicts([-0.109, -0.004])[KEY] == FAIL                # a difference shown where the golden shows none
+    assert verdicts([-0.109, 0.017], gain=(-0.37, 0.02))[GAIN] == FAIL   # the finding's end beyond its tolerance
+    table = findings_table(load_registry(git_root), "demo", ("R-D18",))
+    assert "a null finding (checked: the interval still contains zero)" in table
+
+    # a re-bless at an interval that still contains zero keeps the mark; one that excludes zero drops it
+    for interval, kept in (([-0.02, 0.08], True), ([0.01, 0.09], False)):
+        write_fixture(results, "R-D18", {KEY: {"value": interval, "statistic": "s", "artifact": "a"},
+                                         GAIN: {"value": [-0.37, -0.03], "statistic": "s", "artifact": "a"}},
+                      profile="demo")
+        commit_all(git_root)
+        assert main(["repro", "bless", "R-D18", "--profile", "demo", "--results", str(results),
+                     "--accept-breach", "test"]) == 0
+        assert (load_registry(git_root).expected("demo").values["R-D18"][KEY].null_interval_why is not None) == kept
+
+
+def test_a_null_mark_on_an_interval_that_excludes_zero_is_refused(git_root):
+    _calibrated(git_root, {GAIN: [-0.37, -0.03]})
+    path = git_root / "results" / "expected" / "demo.yaml"
+    data = yaml.safe_load(path.read_text())
+    data["expected"]["R-D18"][GAIN]["null_interval"] = {"why": "by hand"}
+    path.write_text(yaml.safe_dump(data, sort_keys=False))
+    with pytest.raises(UserError, match="null_interval marks a golden"):
+        load_registry(git_root).expected("demo")
