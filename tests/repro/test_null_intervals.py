@@ -47,7 +47,8 @@ def test_calibrate_marks_a_moved_interval_that_contains_zero_as_null():
 
 
 def _calibrated(git_root, values: dict[str, list[float]]) -> None:
-    """R-D18 blessed at `values`, their tolerances then set as a calibration sets them."""
+    """R-D18 blessed at `values`, their tolerances then set as a calibration sets them (in git_root, the cwd)."""
+    assert git_root.resolve() == git_root.cwd().resolve()
     results = git_root / "results"
     write_fixture(results, "R-D18", {k: {"value": v, "statistic": "95% interval", "artifact": "artifacts/M6"}
                                      for k, v in values.items()}, profile="demo")
@@ -98,7 +99,8 @@ def test_marks_only_then_check_then_rebless(git_root, monkeypatch):
         assert (load_registry(git_root).expected("demo").values["R-D18"][KEY].null_interval_why is not None) == kept
 
 
-def test_a_null_mark_on_an_interval_that_excludes_zero_is_refused(git_root):
+def test_a_null_mark_on_an_interval_that_excludes_zero_is_refused(git_root, monkeypatch):
+    monkeypatch.chdir(git_root)
     _calibrated(git_root, {GAIN: [-0.37, -0.03]})
     path = git_root / "results" / "expected" / "demo.yaml"
     data = yaml.safe_load(path.read_text())
