@@ -194,8 +194,8 @@ def mark(entry: dict[str, Any], c: CalibratedValue) -> None:
         entry["descriptive"] = {"range": c.range, "why": DESCRIPTIVE_WHY}
 
 
-def apply_calibration(registry: Registry, profile: str, spread_path: Path) -> list[CalibratedValue]:
-    """Write the calibrated tolerances of `spread_path` into results/expected/<profile>.yaml."""
+def _calibratable(registry: Registry, profile: str) -> tuple[Path, dict[str, Any]]:
+    """The profile's expected-values file and its contents, if its goldens may be calibrated from this tree."""
     from mistill.repro.bless import refuse_uncommitted_code
 
     data_path = expected_path(registry.root, profile)
@@ -204,6 +204,12 @@ def apply_calibration(registry: Registry, profile: str, spread_path: Path) -> li
     if not (data.get("meta") or {}).get("blessable", False):
         raise UserError(f"{data_path}: profile {profile!r} holds fixed expected values; nothing to calibrate")
     refuse_uncommitted_code(registry.root, registry.root / "results")
+    return data_path, data
+
+
+def apply_calibration(registry: Registry, profile: str, spread_path: Path) -> list[CalibratedValue]:
+    """Write the calibrated tolerances of `spread_path` into results/expected/<profile>.yaml."""
+    data_path, data = _calibratable(registry, profile)
     calibration = read_json(spread_path, "calibration spreads")
     spreads = []
     for rid, keys in calibration["values"].items():
@@ -257,14 +263,7 @@ def _write_expected(registry: Registry, profile: str, data_path: Path, data: dic
 def remark_null_intervals(registry: Registry, profile: str) -> list[CalibratedValue]:
     """The null-interval marks of the values the last calibration set, derived again from the expected
     values alone (`calibrate apply --marks-only`); tolerances and other values are left as they are."""
-    from mistill.repro.bless import refuse_uncommitted_code
-
-    data_path = expected_path(registry.root, profile)
-    with data_path.open(encoding="utf-8") as fh:
-        data = yaml.safe_load(fh) or {}
-    if not (data.get("meta") or {}).get("blessable", False):
-        raise UserError(f"{data_path}: profile {profile!r} holds fixed expected values; nothing to calibrate")
-    refuse_uncommitted_code(registry.root, registry.root / "results")
+    data_path, data = _calibratable(registry, profile)
     marked = []
     for rid, keys in data["expected"].items():
         for key, entry in keys.items():
