@@ -4,8 +4,9 @@ For each result the check runs on a numbers file whose values all sit at the edg
 element, both directions: all pass), then on files where one element of every value sits just beyond it
 (each element position, both directions: exactly those values fail, naming the element).  An invariant is
 checked by its invariant (its expected value is the invariant, its tolerance its own); an interval by its
-bounds; a descriptive value (the calibration's mark) by its range, where a bound is finite; an exact count one
-unit off; a list element by element.
+bounds; a descriptive value (the calibration's mark) by its range, where a bound is finite; a null interval
+by zero (its low end may rise to 0, its high end fall to 0, not past); an exact count one unit off; a list
+element by element.
 """
 
 import math
@@ -22,9 +23,19 @@ CASES = [(profile, rid) for profile in ("demo", "paper") for rid in REGISTRY.exp
 UP, DOWN = 1, -1
 
 
-def edge(expected: float, exp: Expected, direction: int, *, beyond: bool) -> float:
+def null_end_held(index: int, direction: int) -> bool:
+    """Whether moving end `index` of a null interval in `direction` meets a bound (zero): the low end going up,
+    the high end going down."""
+    return (index, direction) in ((0, UP), (1, DOWN))
+
+
+def edge(expected: float, exp: Expected, direction: int, *, beyond: bool, index: int = 0) -> float:
     """The element at the edge of its tolerance (`beyond`: the nearest value past it) in `direction`."""
     tol = exp.tolerance
+    if exp.null_interval_why is not None:
+        if not null_end_held(index, direction):        # an end moving away from zero: no bound
+            return expected + direction * 1e3 * max(abs(expected), 1.0)
+        return direction * _nudge(0.0, 0.0) if beyond else 0.0
     if exp.descriptive is not None:
         # a descriptive value is held to its kind's range: an infinite bound has no beyond
         bound = exp.descriptive[1] if direction == UP else exp.descriptive[0]
@@ -58,7 +69,7 @@ def reshape(flat: list, like):
 def moved(exp: Expected, direction: int, *, element: int | None, beyond: bool):
     """The expected value with one element (`element`), or every element (None), moved to its edge."""
     flat = flatten(exp.value)
-    out = [edge(x, exp, direction, beyond=beyond) if element in (None, i) else x for i, x in enumerate(flat)]
+    out = [edge(x, exp, direction, beyond=beyond, index=i) if element in (None, i) else x for i, x in enumerate(flat)]
     return reshape(out, exp.value)
 
 
@@ -88,11 +99,15 @@ def test_every_value_passes_at_its_edge_and_fails_just_beyond(tmp_path, profile,
                 size = len(flatten(exp.value))
                 line = lines[key]
                 if element >= size or (exp.descriptive is not None
-                                        and math.isinf(exp.descriptive[direction == UP])):
+                                        and math.isinf(exp.descriptive[direction == UP])) or (
+                        exp.null_interval_why is not None and not null_end_held(element, direction)):
                     assert line.verdict == PASS, (key, element)
                     continue
                 assert line.verdict == FAIL, (key, element, direction, line.got, line.tolerance)
                 where = f"[{element}] " if size > 1 else ""
+                if exp.null_interval_why is not None:
+                    assert "no longer contains 0" in line.detail, (key, line.detail)
+                    continue
                 if exp.descriptive is not None:
                     assert line.detail.startswith("outside [") and where.strip() in line.detail, (key, line.detail)
                     continue
