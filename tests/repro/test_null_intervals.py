@@ -6,7 +6,13 @@ import yaml
 
 from mistill.cli import main
 from mistill.errors import UserError
-from mistill.repro.calibration import CalibratedValue, Spread, calibrate, findings_table, remark_null_intervals
+from mistill.repro.calibration import (
+    CalibratedValue,
+    Spread,
+    calibrate,
+    findings_table,
+    remark_null_intervals,
+)
 from mistill.repro.check import FAIL, PASS, run_check
 from mistill.repro.registry import load_registry
 from mistill.repro.tolerance import contains_zero, says_null
