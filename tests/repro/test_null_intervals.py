@@ -93,6 +93,13 @@ def test_marks_only_then_check_then_rebless(git_root, monkeypatch):
     assert verdicts([-0.109, 0.017], gain=(-0.37, 0.02))[GAIN] == FAIL   # the finding's end beyond its tolerance
     table = findings_table(load_registry(git_root), "demo", ("R-D18",))
     assert "a null finding (checked: the interval still contains zero)" in table
+    path = git_root / "results" / "expected" / "demo.yaml"       # a descriptive mark set by hand says its why
+    data = yaml.safe_load(path.read_text())
+    data["expected"]["R-D18"][GAIN]["descriptive"] = {"range": [-1.0, 1.0], "why": "not yet measured; later"}
+    path.write_text(yaml.safe_dump(data, sort_keys=False))
+    table = findings_table(load_registry(git_root), "demo", ("R-D18",))
+    assert f"| R-D18 | `{GAIN}` |" in table and "| descriptive (not yet measured) |" in table
+    commit_all(git_root)
 
     # a re-bless at an interval that still contains zero keeps the mark; one that excludes zero drops it
     for interval, kept in (([-0.02, 0.08], True), ([0.01, 0.09], False)):

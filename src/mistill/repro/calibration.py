@@ -381,6 +381,8 @@ def findings_table(registry: Registry, profile: str, results: tuple[str, ...]) -
                                  for g in golden)
             if exp.null_interval_why is not None:
                 shown = "a null finding (checked: the interval still contains zero)"
+            elif exp.descriptive is not None and exp.descriptive_why != DESCRIPTIVE_WHY:
+                shown = f"descriptive ({exp.descriptive_why.split(';')[0].strip()})"   # a mark set by hand
             elif exp.descriptive is not None:
                 shown = "descriptive (the interval reaches zero)"
             else:
