@@ -20,7 +20,7 @@ from typing import Any
 import yaml
 
 from mistill.errors import UserError
-from mistill.repro.tolerance import Tolerance, flatten, is_number, printed_half_unit
+from mistill.repro.tolerance import Tolerance, flatten, printed_half_unit, says_null
 
 REGISTRY_FILE = "registry.yaml"
 EXPECTED_DIR = Path("results") / "expected"
@@ -286,7 +286,7 @@ def _parse_expected(registry: Registry, result: Result, key: str, entry: Any, *,
             tol = Tolerance(absolute=round(tol.absolute + half, 12), relative=tol.relative, cls=tol.cls,
                             basis=(tol.basis + "; " if tol.basis else "") + f"+{half:g} printed rounding")
     descriptive, why = _parse_descriptive(entry.get("descriptive"), where)
-    null_interval = _parse_null_interval(entry.get("null_interval"), value, where)
+    null_interval = _parse_null_interval(entry.get("null_interval"), str(key), value, where)
     if null_interval is not None and descriptive is not None:
         raise UserError(f"{where}: a value is either descriptive or a null interval, not both")
     return Expected(result_id=result.id, key=str(key), value=value, stat=str(entry.get("stat", "")),
@@ -294,13 +294,12 @@ def _parse_expected(registry: Registry, result: Result, key: str, entry: Any, *,
                     descriptive=descriptive, descriptive_why=why, null_interval_why=null_interval)
 
 
-def _parse_null_interval(spec: Any, value: Any, where: str) -> str | None:
-    """`null_interval: {why: ...}` (written by `mistill repro calibrate apply`) on a golden [lo, hi] with
-    lo <= 0 <= hi."""
+def _parse_null_interval(spec: Any, key: str, value: Any, where: str) -> str | None:
+    """`null_interval: {why: ...}` (written by `mistill repro calibrate apply`) on an interval golden that
+    contains zero (`tolerance.says_null`)."""
     if spec is None:
         return None
-    if not isinstance(spec, dict) or not isinstance(value, list) or len(value) != 2 \
-            or not all(is_number(v) for v in value) or not value[0] <= 0 <= value[1]:
+    if not isinstance(spec, dict) or not says_null(key, value):
         raise UserError(f"{where}: null_interval marks a golden [lo, hi] that contains zero, as "
                         f"{{why: ...}}; got {spec!r} on {value!r}")
     return str(spec.get("why", ""))

@@ -176,7 +176,7 @@ def render_paper(registry: Registry, *, results_dir: str | Path, out_dir: str | 
 
     figures_dir = templates_dir / "figures"
     if figures_dir.is_dir():
-        _add_figures(report, registry, numbers, figures_dir, out_dir, profile, claims)
+        _add_figures(report, registry, numbers, figures_dir, out_dir, profile, claims, names)
 
     if strict and report.claimed:
         raise UserError(f"strict: profile {profile} claims numbers that no numbers file holds: "
@@ -193,8 +193,9 @@ def render_paper(registry: Registry, *, results_dir: str | Path, out_dir: str | 
 
 
 def _add_figures(report: RenderReport, registry: Registry, numbers: dict[str, NumbersFile], figures_dir: Path,
-                 out_dir: Path, profile: str, claims: dict[str, dict[str, Any]]) -> None:
-    """Every figure spec's PDF and PNG, and figures/index.md, into the report's outputs."""
+                 out_dir: Path, profile: str, claims: dict[str, dict[str, Any]], names: dict[str, str]) -> None:
+    """Every figure spec's PDF and PNG, and figures/index.md, into the report's outputs (`names`: the
+    profile's model names, params labels.models)."""
     try:
         import matplotlib  # noqa: F401
     except ImportError:
@@ -202,7 +203,7 @@ def _add_figures(report: RenderReport, registry: Registry, numbers: dict[str, Nu
                         "(`pip install -e .`, or ./setup.sh)") from None
     from mistill.repro.figures import figures_index, render_figures
 
-    figures = render_figures(registry, numbers, figures_dir, profile, model_names(registry.root, profile))
+    figures = render_figures(registry, numbers, figures_dir, profile, names)
     for fig in figures.figures:
         for fmt, content in fig.files.items():
             report.outputs[out_dir / "figures" / f"{fig.name}.{fmt}"] = content
