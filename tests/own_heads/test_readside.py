@@ -25,17 +25,19 @@ def _eager_rows(model, ids, rows):
     return [a[0][:, rows].double().numpy() for a in out.attentions]
 
 
+@pytest.mark.parametrize("implementation", ["sdpa", "eager"])
 @pytest.mark.parametrize("family", ["qwen3", "smollm3"])
-def test_captured_rows_equal_eager_attention(family, teacher_tokenizer, smol_tokenizer):
+def test_captured_rows_equal_eager_attention(family, implementation, teacher_tokenizer, smol_tokenizer):
     tok = teacher_tokenizer if family == "qwen3" else smol_tokenizer
     model = (tiny_qwen3 if family == "qwen3" else tiny_smollm3)(tok.vocab_size, seed=5)
+    model.config._attn_implementation = implementation   # the capture keeps the model's own (causal) masking
     trace = Trace(**{k: v for k, v in traces()[0].items()})
     _, ids, _, _ = model_input(tok, trace)
     rows = [10, len(ids) // 2, len(ids) - 2]
     capture = rs.QueryKeyCapture(model, [0, 1], rows)
     with torch.no_grad(), capture.active():
         model(input_ids=torch.tensor([ids]), use_cache=False)
-    assert model.config._attn_implementation == "sdpa"  # restored
+    assert model.config._attn_implementation == implementation  # restored
     eager = _eager_rows(model, ids, rows)
     for layer in (0, 1):  # SmolLM3: layer 1 is a NoPE layer (no_rope_layer_interval=2)
         for r, q in enumerate(rows):

@@ -8,6 +8,9 @@
     all        the five in order, one model load (the HD-001 stage)
     proxy      every head's c and m at the exactly patched P2C events -> <proxy-dir>/<note>/proxy.npz (R-D20)
     intact     events, attribution (graph intact, exact P2) and calibration on the first notes -> intact_rerun.out_dir (R-C8)
+    readside   the panel's attention over the 15 key categories at every decision -> read_side.out_dir (R-C5)
+    keys       the named heads' named keys blocked at the decision token -> read_side.out_dir (R-C10)
+    edits      the earlier sibling mention and the note's words edited, re-fed -> read_side.out_dir (R-C11)
 
 Paths and sizes come from the active profile's `instrument` section of params.yaml
 (the teacher's id, dtype and device from `models`); `--traces` and `--out-dir` run the
@@ -113,6 +116,33 @@ def _intact(args) -> int:
     return 0
 
 
+def _readside(args) -> int:
+    from mistill.instrument.read_passes import run_readside
+
+    cfg, params = _config(args)
+    summary = run_readside(cfg, params, limit=args.limit, force=args.force)
+    print(f"read side: {len(summary['panel']['random'])} random + named + ranked heads on {len(summary['notes'])} notes")
+    return 0
+
+
+def _keys(args) -> int:
+    from mistill.instrument.read_passes import run_keys
+
+    cfg, params = _config(args)
+    summary = run_keys(cfg, params, limit=args.limit, force=args.force)
+    print(f"key blocks: {len(summary['reads'])} named reads on {len(summary['notes'])} notes")
+    return 0
+
+
+def _edits(args) -> int:
+    from mistill.instrument.read_passes import run_edits
+
+    cfg, params = _config(args)
+    summary = run_edits(cfg, params, limit=args.limit, force=args.force)
+    print(f"edits: {len(summary['notes'])} notes, mediation heads {', '.join(summary['mediation_heads']) or 'none'}")
+    return 0
+
+
 def _all(args) -> int:
     """Every pass in order: what the HD-001 stage runs (each pass resumes per note)."""
     from mistill.instrument.passes import (
@@ -142,6 +172,9 @@ def register(subparsers) -> None:
         ("attribute", _attribute, "first-order attribution and exact nominee patches (HD-001/<note>/attr.npz)"),
         ("knockin", _knockin, "necessity and knock-in of head sets (patch2.jsonl, faithfulness2.json)"),
         ("all", _all, "every pass in order: events, attribute, calibrate, knockin, selftest (HD-001)"),
+        ("readside", _readside, "the teacher's read side: the App. E panel over 15 key categories (read.jsonl)"),
+        ("keys", _keys, "the key-side intervention on the named heads (key_intervene.jsonl)"),
+        ("edits", _edits, "the trace and note edits at contrastive events (prefix_edit.jsonl, evidence_edit.jsonl)"),
     ):
         parser = subparsers.add_parser(name, help=help_text, description=help_text)
         _common(parser)

@@ -525,6 +525,8 @@ def run_knockin(cfg: InstrumentConfig, params: dict, *, model=None, tokenizer=No
     out = Path(cfg.out_dir)
     notes = _notes_with_events(cfg, limit)
     sets = load_head_sets(out / "head_sets_contrast.json")
+    # the sets by what they rank, not by the provenance beside them (a commit alone must not redo every note)
+    sets_digest = json.dumps({k: v for k, v in sets.items() if k != "provenance"}, sort_keys=True)
     global_scores = {p: phase_scores(sets, p) for p in DECISION_KINDS if p in sets["phases"]}
     own: dict[str, dict[str, np.ndarray]] = {}
     cal_path = out / "calibration.npz"
@@ -552,8 +554,7 @@ def run_knockin(cfg: InstrumentConfig, params: dict, *, model=None, tokenizer=No
             donor_trace, donor_events = notes[(n + 1) % len(notes)]  # Sec. 2.3: the next note; wrap
             digest = inputs_sha256(trace.prompt, trace.completion, donor_trace.prompt, donor_trace.completion,
                                    out / trace.note_id / "events.jsonl", out / donor_trace.note_id / "events.jsonl",
-                                   out / trace.note_id / "attr.npz", out / "head_sets_contrast.json",
-                                   out / "calibration.npz")
+                                   out / trace.note_id / "attr.npz", sets_digest, out / "calibration.npz")
             if note_pass.needs(trace.note_id, digest):
                 if donor_trace.note_id == trace.note_id:
                     note_pass.skip(trace.note_id, "no other note to serve as the corrupted run")

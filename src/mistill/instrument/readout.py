@@ -82,6 +82,14 @@ class NamedHeads:
     direct_path: list[str] = field(default_factory=list)
     # heads whose P2 rank R-C8 reports under both hooks (L39H10, L39H29, L39H12, L37H6)
     intact_p2: list[str] = field(default_factory=list)
+    # the read side's roles (App. E; R-C5, R-C10, R-C11): the paper's L26H36, L28H21, L26H37, L26H18 read the
+    # emitted chapter's lines, L39H38 ... the trace prose, L30H11 and L38H39 the near-miss's earlier mentions
+    region_readers: list[str] = field(default_factory=list)
+    prose_readers: list[str] = field(default_factory=list)
+    contrastive_readers: list[str] = field(default_factory=list)
+
+
+READ_ROLES = ("region_readers", "prose_readers", "contrastive_readers")
 
 
 @dataclass(frozen=True)
@@ -117,12 +125,15 @@ def reader_settings(params: dict) -> ReaderSettings:
     heads = section.get("named_heads") or {}
     if not isinstance(heads, dict):
         raise UserError(f"{where}.named_heads: must map roles to head names")
-    unknown = sorted(set(heads) - {"leader", "contrastive_specialist", "recurrent", "direct_path", "intact_p2"})
+    unknown = sorted(set(heads) - {"leader", "contrastive_specialist", "recurrent", "direct_path", "intact_p2",
+                                   *READ_ROLES})
     if unknown:
         raise UserError(f"{where}.named_heads: unknown role(s) {', '.join(unknown)}")
     recurrent, direct_path = heads.get("recurrent") or [], heads.get("direct_path") or []
     intact_p2 = heads.get("intact_p2") or []
-    for name in [heads.get("leader"), heads.get("contrastive_specialist"), *recurrent, *direct_path, *intact_p2]:
+    roles = {role: list(heads.get(role) or []) for role in READ_ROLES}
+    for name in [heads.get("leader"), heads.get("contrastive_specialist"), *recurrent, *direct_path, *intact_p2,
+                 *(h for hs in roles.values() for h in hs)]:
         if name is not None and not (isinstance(name, str) and HEAD_NAME.match(name)):
             raise UserError(f"{where}.named_heads: {name!r} is not a head name such as l39h38")
     return ReaderSettings(
@@ -131,7 +142,7 @@ def reader_settings(params: dict) -> ReaderSettings:
         importance_share_layers=_layer_ranges(section.get("importance_share_layers") or [],
                                               f"{where}.importance_share_layers"),
         named_heads=NamedHeads(heads.get("leader"), heads.get("contrastive_specialist"), list(recurrent),
-                               list(direct_path), list(intact_p2)))
+                               list(direct_path), list(intact_p2), **roles))
 
 
 def _layer_ranges(ranges, where: str) -> list[tuple[int, int]]:

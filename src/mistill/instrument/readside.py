@@ -109,6 +109,11 @@ class QueryKeyCapture:
 
     @contextlib.contextmanager
     def active(self) -> Iterator[QueryKeyCapture]:
+        from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, AttentionMaskInterface
+
+        # transformers builds no mask for an attention name it has no mask function for: without this,
+        # an eager model's prefill would run non-causal under the capture (sdpa alone falls back to is_causal)
+        AttentionMaskInterface.register(_CAPTURE_ATTENTION, ALL_MASK_ATTENTION_FUNCTIONS[self._implementation])
         config = self.model.config
         _ACTIVE.append(self)
         config._attn_implementation = _CAPTURE_ATTENTION
@@ -131,6 +136,22 @@ class QueryKeyCapture:
             # transformers' sliding window: a row sees the last `window` keys, itself included
             scores[:, : max(0, q + 1 - window)] = float("-inf")
         return torch.softmax(scores, dim=-1).cpu().numpy()
+
+    def query_key_contrast(self, layer: int, heads: Sequence[int], row_index: int, first: np.ndarray,
+                           second: np.ndarray) -> np.ndarray:
+        """[len(heads)]: cos(Q_q, mean K over `first`) - cos(Q_q, mean K over `second`) (masks over keys 0..q);
+        NaN where either set is empty."""
+        if not first.any() or not second.any():
+            return np.full(len(heads), np.nan)
+        query = self.queries[layer][list(heads), row_index].double()                     # [h, D]
+        groups = self.queries[layer].shape[0] // self.keys[layer].shape[0]
+        keys = self.keys[layer][[h // groups for h in heads]].double()                   # [h, T, D]
+        out = []
+        for mask in (first, second):
+            at = torch.as_tensor(np.flatnonzero(mask), device=keys.device)
+            mean_key = keys.index_select(1, at).mean(1)                                  # [h, D]
+            out.append(torch.nn.functional.cosine_similarity(query, mean_key, dim=-1))
+        return (out[0] - out[1]).cpu().numpy()
 
 
 # ---- key-position categories ---------------------------------------------------------------------
@@ -302,7 +323,10 @@ def read_note(model, ids: Sequence[int], layout: NoteLayout, events: Sequence[Re
     """One prefill; per event, every panel head's category shares, region lift and n_eff.
 
     Returns one row per event: {"kind", "pos", "code", "heads": [flat ids], "shares": [[15]],
-    "lift": [...], "n_eff": [...]}; flat id = layer * n_heads + head.
+    "lift": [...], "n_eff": [...], "qk_s_minus_n": [...]}; flat id = layer * n_heads + head.
+    `qk_s_minus_n` is App. E's query-key score: the cosine of the head's query at q with its mean key
+    over the code's earlier mentions (S) minus that with its mean key over the near-miss's (N); None
+    where the event has no S or no N.
     """
     if not events:
         return []
@@ -320,7 +344,7 @@ def read_note(model, ids: Sequence[int], layout: NoteLayout, events: Sequence[Re
         q = rows[r]
         cats = event_categories(layout, code=ev.code, near_miss=ev.near_miss, anchor=ev.anchor,
                                 prefix=ev.prefix, upto=q)
-        flat, shares, lifts, neffs = [], [], [], []
+        flat, shares, lifts, neffs, qk = [], [], [], [], []
         for layer, hs in sorted(by_layer.items()):
             probs = capture.attention_rows(layer, hs, r)
             lift, n_eff = region_lift(probs, cats)
@@ -328,10 +352,12 @@ def read_note(model, ids: Sequence[int], layout: NoteLayout, events: Sequence[Re
             shares.append(category_shares(probs, cats))
             lifts.append(lift)
             neffs.append(n_eff)
+            qk.append(capture.query_key_contrast(layer, hs, r, cats == CAT["trace_S"], cats == CAT["trace_N"]))
         out.append({"kind": ev.kind, "pos": ev.pos, "code": ev.code, "heads": flat,
                     "shares": np.concatenate(shares).round(8).tolist(),
                     "lift": [None if np.isnan(x) else float(x) for x in np.concatenate(lifts)],
-                    "n_eff": [None if np.isnan(x) else float(x) for x in np.concatenate(neffs)]})
+                    "n_eff": [None if np.isnan(x) else float(x) for x in np.concatenate(neffs)],
+                    "qk_s_minus_n": [None if np.isnan(x) else float(x) for x in np.concatenate(qk)]})
     return out
 
 
