@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 
@@ -233,3 +235,14 @@ def test_evidence_edits_equal_brute_force(qwen_model, tokenizer, world):
         assert [r["words"] for r in again] == [r["words"] for r in rows]  # seeded draws are stable
     finally:
         hook.remove()
+
+
+def test_near_miss_spans_found_from_the_text_equal_the_extractor(world, tokenizer):
+    """A student's realised events carry no N spans; the text-found spans are the extractor's own."""
+    note, events = world[0], world[1]
+    p2c = [e for e in events if e.kind == "P2C"]
+    assert p2c
+    for e in p2c:
+        assert ed.near_miss_spans(note, e) == e.n_pos
+    stripped = [dataclasses.replace(e, n_pos=None) for e in events]
+    assert [e.n_pos for e in ed.with_near_miss_spans(note, stripped) if e.kind == "P2C"] == [e.n_pos for e in p2c]

@@ -105,5 +105,7 @@ def write_world(root, teacher_tokenizer) -> dict:
                      "own_heads": {"validation_traces": str(root / "TR-007" / "traces.jsonl"),
                                    "validation_events_dir": str(root / "HD-002"), "bins": [2, 4, 8],
                                    "readside_k": 3, "readside_phases": ["P1", "P2", "P2C"], "seed": 0}},
+        "read_side": {"out_dir": str(root / "HD-001-read"), "panel_k": 2,
+                      "edits": {"max_events_per_note": 3, "filler": " .", "mediation_min_effect": 0.5}},
         "stats": {"bootstrap_resamples": 200, "bootstrap_seed": 0, "confidence": 0.95},
     }

@@ -36,7 +36,7 @@ def chain(tmp_path_factory, teacher_tokenizer, smol_tokenizer):
 def test_chain_writes_every_artifact(chain):
     root, _, students, timings = chain
     for arm, (model, _) in students.items():
-        assert set(timings[arm]) == {"attribute", "knockin", "readside"}
+        assert set(timings[arm]) == {"attribute", "knockin", "readside", "edits"}
         sets = json.loads((root / "HD-S" / f"{arm}-s0" / "head_sets_contrast.json").read_text())
         assert (sets["n_layers"], sets["n_heads"]) == (model.config.num_hidden_layers,
                                                        model.config.num_attention_heads)
@@ -47,10 +47,52 @@ def test_chain_writes_every_artifact(chain):
         assert json.loads((m6 / "readside.json").read_text())["k"] == 3
         # wall time lies beside each output directory, out of its hashed bytes
         assert not (m6 / "timing.json").exists() and not (root / "HD-S" / f"{arm}-s0" / "timing.json").exists()
-        assert set(json.loads((root / "timing" / f"M6-{arm}-s0.json").read_text())["seconds"]) == {"knockin", "readside"}
+        assert set(json.loads((root / "timing" / f"M6-{arm}-s0.json").read_text())["seconds"]) == {"knockin", "readside",
+                                                                                                   "edits"}
         assert set(json.loads((root / "timing" / f"HD-S-{arm}-s0.json").read_text())["seconds"]) == {"attribute"}
         for note in faith["notes"]:
             assert (m6 / note / "patch2.jsonl").exists() and (m6 / note / "readside.jsonl").exists()
+            assert (m6 / note / "prefix_edit.jsonl").exists()
+
+
+def test_student_edits_equal_a_brute_force_forward_and_use_the_own_top2(chain):
+    """The edits on a student: the identity re-feed is the clean teacher-forced margin, a replacement's margin
+    a full forward of the edited input, the mediation heads the arm's own P2C top-2."""
+    from mistill.instrument.edits import NoteInput, with_near_miss_spans
+    from mistill.instrument.global_sets import load_head_sets, phase_scores
+
+    root, _, students, _ = chain
+    checked = 0
+    for arm, (model, tok) in students.items():
+        m6 = root / "M6" / f"{arm}-s0"
+        sets = load_head_sets(root / "HD-S" / f"{arm}-s0" / "head_sets_contrast.json")
+        top2 = np.argsort(-phase_scores(sets, "P2C"), kind="stable")[:2]
+        summary = json.loads((m6 / "prefix_edit.json").read_text())
+        assert summary["mediation_heads"] == [f"l{h // sets['n_heads']}h{h % sets['n_heads']}" for h in top2]
+        hook = HeadHook(model)
+        try:
+            for note in summary["notes"]:
+                trace = Trace(**{k: v for k, v in json.loads(
+                    next(line for line in (root / "TR-008" / "traces.jsonl").read_text().splitlines()
+                         if f'"{note}"' in line)).items()})
+                info = NoteInput.from_trace(tok, trace)
+                events = {e.pos: e for e in with_near_miss_spans(info, load_events(m6 / note / "events.jsonl"))}
+                for row in read_jsonl(m6 / note / "prefix_edit.jsonl"):
+                    e, q = events[row["pos"]], row["pos"] - 1
+                    clean = brute_force_logits(model, hook, info.ids[:q], info.ids[q], None, None)
+                    assert row["margin_identity"] == pytest.approx(float(margin(clean, e.target_id, e.competitor_ids)),
+                                                                   abs=1e-4)
+                    s, t = row["edit_start"], row["edit_end"]
+                    assert [s, t] == e.n_pos[-1]
+                    filler = [tok.encode(" .").ids[0]] * (t - s)
+                    edited = [*info.ids[:s], *filler, *info.ids[t:q]]
+                    logits = brute_force_logits(model, hook, edited, info.ids[q], None, None)
+                    assert row["margin"]["filler"] == pytest.approx(
+                        float(margin(logits, e.target_id, e.competitor_ids)), abs=1e-4)
+                    checked += 1
+        finally:
+            hook.remove()
+    assert checked > 0
 
 
 def test_smollm3_drops_events_inside_merged_digit_runs(chain, teacher_tokenizer, smol_tokenizer):

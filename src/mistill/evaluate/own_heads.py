@@ -17,7 +17,12 @@ test notes (cross-fit, App. K):
     <note>/patch2.jsonl; knocking in every head returns the clean margin (the validation check);
 (c) read side of the own top-k (16 in the paper) per phase beside as many random heads: M2 region
     lift, M3 loop-back (N vs S), prefix share -> M6/<arm>-s<seed>/readside.json and
-    <note>/readside.jsonl.
+    <note>/readside.jsonl;
+(d) edits (App. E, R-D28): the teacher's trace edits at the student's realised contrastive events of
+    the test notes, teacher-forced: the most recent earlier mention of the near-miss becomes filler,
+    an unrelated code or a same-chapter code of another category (`mistill.instrument.edits`, the
+    settings of params `read_side.edits`), each re-fed with and without the arm's own top-2 P2C heads
+    mean-ablated at the decision -> M6/<arm>-s<seed>/prefix_edit.json and <note>/prefix_edit.jsonl.
 
 Each stage is a pass over notes, resumable per note (also under `dvc repro`, whose outputs here are
 `persist`): a per-note file is reused only when its meta records the same input key, the digest of
@@ -58,7 +63,7 @@ from mistill.instrument.passes import (
 from mistill.io import provenance, read_jsonl, write_json, write_jsonl
 from mistill.shard import current as current_shard
 
-STAGES = ("attribute", "knockin", "readside")
+STAGES = ("attribute", "knockin", "readside", "edits")
 
 
 @dataclass
@@ -367,6 +372,67 @@ def readside_stage(model, tokenizer, teacher_tokenizer, cfg: OwnHeadsConfig, hd_
     return body
 
 
+# ---- (d) the trace edits on the student ---------------------------------------------------------------
+
+
+def edits_stage(model, tokenizer, teacher_tokenizer, cfg: OwnHeadsConfig, hd_dir: Path, m6_dir: Path,
+                params: dict, *, limit: int | None = None, force: bool = False) -> dict:
+    """App. E's prefix edits at the student's realised P2C events of the test notes, mediated by the arm's
+    own top-2 P2C heads -> <note>/prefix_edit.jsonl, prefix_edit.json."""
+    from mistill.instrument.edits import (
+        EditSettings,
+        NoteInput,
+        filler_token_id,
+        prefix_edit_note,
+        with_near_miss_spans,
+    )
+    from mistill.instrument.global_sets import load_head_sets
+    from mistill.instrument.hook import HeadHook
+    from mistill.instrument.patching import prefill
+    from mistill.instrument.read_passes import ReadSide
+    from mistill.world.inventory import load_inventory
+
+    edits = ReadSide.from_params(params).edits
+    sets = load_head_sets(hd_dir / "head_sets_contrast.json")
+    H = sets["n_heads"]
+    top = np.argsort(-own_scores(sets)["P2C"], kind="stable")[:2]
+    mediation = tuple((int(h) // H, int(h) % H) for h in top)
+    settings = EditSettings(filler_id=filler_token_id(tokenizer, edits.filler), mediation_heads=mediation,
+                            seed=cfg.seed, max_events=edits.max_events_per_note)
+    codes = [c.code for c in load_inventory((params.get("instrument") or {})["inventory"])]
+    digest = _digest(cfg.digest(), json.dumps(dataclasses.asdict(settings)), weights_fingerprint(model))
+    note_pass = NotePass("edits", m6_dir, "prefix_edit.jsonl", read_jsonl, force, digest)
+    traces = test_traces(cfg, limit)
+    realized = write_realized_events(traces, Path(cfg.test_events_dir), m6_dir, teacher_tokenizer, tokenizer,
+                                     params, seed=cfg.seed)
+    edited = [t for t in traces if t.note_id in realized]
+    hook = HeadHook(model)
+    try:
+        for trace in tqdm(note_pass.shard.mine(edited), desc="edits", unit="note"):
+            key = inputs_sha256(trace.prompt, trace.completion, m6_dir / trace.note_id / "events.jsonl")
+            if not note_pass.needs(trace.note_id, key):
+                continue
+            note = NoteInput.from_trace(tokenizer, trace)
+            events = with_near_miss_spans(note, realized[trace.note_id])
+            pre = prefill(model, hook, note.ids, reserve=2)
+            rows = prefix_edit_note(model, hook, pre, note, events, codes=codes, tokenizer=tokenizer,
+                                    settings=settings)
+            del pre
+            commit_artifact(note_pass.path(trace.note_id), lambda p, rows=rows: write_jsonl(p, rows),
+                            {"mediation_heads": [list(h) for h in mediation], "config_sha256": digest,
+                             "inputs_sha256": key, "provenance": provenance(params, cfg.seed)})
+            note_pass.computed += 1
+    finally:
+        hook.remove()
+    note_pass.finish(params)
+    body = {"mediation_heads": [f"l{layer}h{head}" for layer, head in mediation], "filler": edits.filler,
+            "notes": [t.note_id for t in edited if t.note_id not in note_pass.skipped],
+            "heads_from": str(hd_dir / "head_sets_contrast.json"), "provenance": provenance(params, cfg.seed)}
+    if note_pass.shard.leader:
+        write_json(m6_dir / "prefix_edit.json", body)
+    return body
+
+
 # ---- the chain ----------------------------------------------------------------------------------------
 
 
@@ -388,7 +454,7 @@ def run_chain(model_spec: str, arm: str, seed: int, params: dict, *, stages: Seq
               student_key: str | None = None, limit: int | None = None, force: bool = False,
               model=None, tokenizer=None, teacher_tokenizer=None, out_root: str | Path | None = None,
               heads_from: str | Path | None = None) -> dict:
-    """Stages (a) (b) (c) for one arm and seed; returns {stage: wall seconds} (also in `<dir>.timing.json`).
+    """Stages (a) to (d) for one arm and seed; returns {stage: wall seconds} (also in `<dir>.timing.json`).
 
     `out_root` puts HD-S/ and M6/ under another directory than params `paths.artifacts` (a second read
     of one checkpoint, App. L.6); `heads_from` names an HD-S directory whose ranking the knock-in and
@@ -426,12 +492,14 @@ def run_chain(model_spec: str, arm: str, seed: int, params: dict, *, stages: Seq
                               force=force)
         elif stage == "knockin":
             knockin_stage(model, tokenizer, teacher_tokenizer, cfg, hd_dir, m6_dir, params, limit=limit, force=force)
-        else:
+        elif stage == "readside":
             readside_stage(model, tokenizer, teacher_tokenizer, cfg, hd_dir, m6_dir, params, limit=limit, force=force)
+        else:
+            edits_stage(model, tokenizer, teacher_tokenizer, cfg, hd_dir, m6_dir, params, limit=limit, force=force)
         timing[stage] = time.perf_counter() - start
     # each directory records the stages that write it, so the attribution (HD-S) and the readouts (M6)
     # can be separate pipeline stages with disjoint outputs
-    for directory, owned in ((hd_dir, ("attribute",)), (m6_dir, ("knockin", "readside"))):
+    for directory, owned in ((hd_dir, ("attribute",)), (m6_dir, ("knockin", "readside", "edits"))):
         part = {k: v for k, v in timing.items() if k in owned}
         if not part or not current_shard().leader:
             continue

@@ -67,7 +67,7 @@ def register(subparsers) -> None:
     p.add_argument("--arm", required=True, help="arm label naming HD-S/<arm>-s<seed>/ and M6/<arm>-s<seed>/")
     p.add_argument("--seed", type=int, default=0, help="the arm's training seed (names the outputs)")
     p.add_argument("--student", help="params models key (student_qwen, student_smol) for its rope scaling")
-    p.add_argument("--stages", help="comma list of attribute,knockin,readside (default: all, in order)")
+    p.add_argument("--stages", help="comma list of attribute,knockin,readside,edits (default: all, in order)")
     p.add_argument("--limit", type=int, help="only the first N notes of each trace set (smoke runs)")
     p.add_argument("--force", action="store_true", help="recompute per-note artifacts that are already valid")
     p.add_argument("--threads", type=int, help="intra-op threads (default: params models.threads)")

@@ -68,6 +68,7 @@ from __future__ import annotations
 
 import bisect
 import contextlib
+import dataclasses
 import re
 import zlib
 from collections.abc import Iterator, Mapping, Sequence
@@ -157,6 +158,33 @@ def select_events(events: Sequence[Event], *, seed: int, note_id: str, max_event
 
 
 # ---- prefix (trace) edits ------------------------------------------------------------------------
+
+
+def near_miss_spans(note: NoteInput, event: Event) -> list[list[int]]:
+    """Token spans [s, t) of the near-miss's earlier whole-code mentions in the completion, found from the
+    text: the N of an event realised in another tokenizer than the one that extracted it (App. E's
+    edits on the students).  Tokens that overlap a mention belong to its span."""
+    if not event.near_miss:
+        return []
+    completion = note.text[note.completion_start:]
+    mention_start = int(event.anchor) - len(event.prefix or "")
+    ends = [e for _, e in note.offsets]
+    spans = []
+    for m in re.finditer(rf"(?<![A-Za-z0-9.]){re.escape(event.near_miss)}(?![A-Za-z0-9])(?!\.[A-Za-z0-9])",
+                         completion[:max(mention_start, 0)]):
+        start, end = note.completion_start + m.start(), note.completion_start + m.end()
+        s = bisect.bisect_right(ends, start)                       # first token ending after the mention starts
+        t = s
+        while t < len(note.offsets) and note.offsets[t][0] < end:
+            t += 1
+        if s < t:
+            spans.append([s, t])
+    return spans
+
+
+def with_near_miss_spans(note: NoteInput, events: Sequence[Event]) -> list[Event]:
+    """`events` with each P2C event's `n_pos` found from the text (`near_miss_spans`)."""
+    return [dataclasses.replace(e, n_pos=near_miss_spans(note, e)) if e.kind == "P2C" else e for e in events]
 
 
 def code_shape(code: str) -> str:

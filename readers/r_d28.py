@@ -1,0 +1,155 @@
+"""R-D28 (App. E, Table 22): the trace edits on the students, Mistill against Vanilla CoT-KD per trained pair.
+
+Reads the own-heads chain's edits (M6/<arm>-s<seed>/<note>/prefix_edit.jsonl, stage (d) of
+`mistill.evaluate.own_heads`): at the student's realised contrastive events of the test notes,
+teacher-forced on the teacher's traces, the most recent earlier mention of the near-miss replaced by
+filler, an unrelated code or a same-chapter code of another category,
+
+    effect_v = margin(identity re-feed) - margin(variant v).
+
+Per arm, seed and note: the mean over the note's events of the mean effect over the three
+replacements, on the events every seed of both arms of a comparison carries with all three.  Treated
+minus control is seed-matched and clustered by note (`mistill.stats.note_clustered_comparison`): the
+mean over notes with its bootstrap interval, notes higher and lower.  The mediated share of the arm's
+own top-2 contrastive heads (mean-ablated at the decision during both reads): the median over events
+with a neutral (filler) effect above read_side.edits.mediation_min_effect of 1 - effect under
+ablation / effect.  Arm labels: params evaluate.own_heads.arms.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+
+from mistill.errors import UserError
+from mistill.evaluate.compare import clustered
+from mistill.evaluate.own_heads import OwnHeadsConfig
+from mistill.instrument.edits import PREFIX_VARIANTS
+from mistill.instrument.read_passes import ReadSide
+from mistill.instrument.readout import run_reader, value
+from mistill.io import read_json, read_jsonl
+from mistill.stats import StatsParams
+
+READER = "readers/r_d28.py"
+# paper key -> (treated row, control row) of evaluate.own_heads.arms
+PAIRS = {"bf16_qwen_pair_edit_diff": ("qwen_mistill", "qwen_vanilla_bf16"),
+         "smollm_pair_edit_diff": ("smollm_mistill", "smollm_vanilla_bf16"),
+         "smollm_pair_edit_diff_second_reference": ("smollm_mistill", "smollm_vanilla_fp32")}
+
+
+def keys(params: dict) -> list[str]:
+    """Every key this reader can write under `params` (the rows evaluate.own_heads.arms names)."""
+    rows = set(params["evaluate"]["own_heads"].get("arms") or {})
+    out = []
+    for key, pair in PAIRS.items():
+        if set(pair) <= rows:
+            out += [key, f"{key}_interval", f"{key}_notes_higher_lower"]
+    out += ["student_top2_mediated_share_mistill_s0"] if "qwen_mistill" in rows else []
+    out += [f"{row}_edit_effect" for row in params["evaluate"]["own_heads"].get("arms") or {}]
+    return out
+
+
+def arm_edit_dirs(root: Path, label: str) -> dict[int, Path]:
+    """seed -> M6/<label>-s<seed> holding prefix_edit.json."""
+    out = {}
+    for path in (root / "M6").glob(f"{label}-s*"):
+        tail = path.name[len(label) + 2:]
+        if path.name.startswith(f"{label}-s") and tail.isdigit() and (path / "prefix_edit.json").exists():
+            out[int(tail)] = path
+    if not out:
+        raise UserError(f"{root}: no M6/{label}-s<seed>/prefix_edit.json; run the own-heads chain's edits stage")
+    return dict(sorted(out.items()))
+
+
+def load_rows(m6_dir: Path) -> dict[str, list[dict]]:
+    summary = read_json(m6_dir / "prefix_edit.json", "edits summary")
+    return {note: read_jsonl(m6_dir / note / "prefix_edit.jsonl") for note in summary["notes"]}
+
+
+def _complete(row: dict) -> bool:
+    return row["margin_identity"] is not None and all(row["margin"][v] is not None for v in PREFIX_VARIANTS)
+
+
+def per_note_effect(rows_by_note: dict[str, list[dict]], shared: dict[str, set[int]]) -> dict[str, float]:
+    """note -> the mean over its shared events of the mean effect over the three replacements."""
+    out = {}
+    for note, rows in rows_by_note.items():
+        effects = [np.mean([r["margin_identity"] - r["margin"][v] for v in PREFIX_VARIANTS])
+                   for r in rows if r["pos"] in shared.get(note, ()) and _complete(r)]
+        if effects:
+            out[note] = float(np.mean(effects))
+    return out
+
+
+def shared_events(runs: list[dict[str, list[dict]]]) -> dict[str, set[int]]:
+    """note -> positions of the events every run carries with all three replacements."""
+    notes = set.intersection(*(set(r) for r in runs)) if runs else set()
+    return {n: set.intersection(*({r["pos"] for r in run[n] if _complete(r)} for run in runs)) for n in notes}
+
+
+def mediated_share(rows_by_note: dict[str, list[dict]], min_effect: float) -> tuple[float | None, int]:
+    ratios = []
+    for rows in rows_by_note.values():
+        for r in rows:
+            if r["margin"]["filler"] is None or r["margin_ablated"]["filler"] is None:
+                continue
+            effect = r["margin_identity"] - r["margin"]["filler"]
+            if effect > min_effect:
+                ratios.append(1.0 - (r["margin_identity_ablated"] - r["margin_ablated"]["filler"]) / effect)
+    return (float(np.median(ratios)) if ratios else None), len(ratios)
+
+
+def compute_values(params: dict) -> tuple[dict, list[Path]]:
+    cfg = OwnHeadsConfig.from_params(params)
+    stats = StatsParams.from_params(params)
+    min_effect = ReadSide.from_params(params).edits.mediation_min_effect
+    labels = dict(params["evaluate"]["own_heads"].get("arms") or {})
+    root = Path(cfg.artifacts)
+    runs: dict[str, dict[int, dict[str, list[dict]]]] = {}
+    for row, label in labels.items():
+        try:
+            runs[row] = {seed: load_rows(d) for seed, d in arm_edit_dirs(root, label).items()}
+        except UserError:
+            continue
+    if not runs:
+        raise UserError(f"{root}: no arm has the own-heads edits (M6/<arm>-s<seed>/prefix_edit.json)")
+    art = f"{root}/M6/*/prefix_edit.jsonl"
+    v: dict[str, dict] = {}
+    for row, by_seed in runs.items():
+        shared = shared_events(list(by_seed.values()))
+        means = [float(np.mean(list(per_note_effect(r, shared).values()) or [np.nan])) for r in by_seed.values()]
+        v[f"{row}_edit_effect"] = value(means, "nats, per seed the mean over notes of the per-note mean effect over "
+                                        "the three replacements", art)
+    for key, (treated, control) in PAIRS.items():
+        if treated not in runs or control not in runs:
+            continue
+        shared = shared_events([*runs[treated].values(), *runs[control].values()])
+        result = clustered({s: per_note_effect(r, shared) for s, r in runs[treated].items()},
+                           {s: per_note_effect(r, shared) for s, r in runs[control].items()}, stats)
+        if result is None:
+            continue
+        pairs = len(result["seed_pairs"])
+        v[key] = value(result["mean_difference"], f"nats per note, {labels[treated]} minus {labels[control]}, "
+                       f"{pairs} seed pair(s), mean over {result['n_notes']} notes", art)
+        v[f"{key}_interval"] = value([result["ci_low"], result["ci_high"]],
+                                     f"{result['confidence']:.0%} percentile bootstrap over notes", art)
+        v[f"{key}_notes_higher_lower"] = value([result["notes_higher"], result["notes_lower"]],
+                                               f"notes higher and lower of {result['n_notes']} (sign test p "
+                                               f"{result['sign_p']:.3g})", art)
+    if "qwen_mistill" in runs and 0 in runs["qwen_mistill"]:
+        share, n = mediated_share(runs["qwen_mistill"][0], min_effect)
+        if share is not None:
+            v["student_top2_mediated_share_mistill_s0"] = value(
+                share, f"median over {n} events with a neutral effect above {min_effect} nats", art)
+    inputs = [d / "prefix_edit.json" for row, label in labels.items() if row in runs
+              for d in arm_edit_dirs(root, label).values()]
+    return v, inputs
+
+
+def main() -> int:
+    return run_reader("R-D28", READER, __doc__.splitlines()[0], compute_values, keys)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
