@@ -13,8 +13,10 @@
   chapter ranking (P1), the second as the range over phases; the halves' Spearman as the range over
   HD-001's phases, and the shortlist run's lowest phase median (the paper's P2C, 0.63).
 
-The forcing-suffix locus re-runs and the teacher's read side are other passes (registry R-C13,
-unproduced_keys).
+* Read side: the read-side lifts of Table 16 (each phase's top-k, random panel and bottom-k, HD-001-read)
+  re-aggregated by patient; the largest move of a median.
+
+The forcing-suffix locus re-runs are another pass (registry R-C13, unproduced_keys).
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ from pathlib import Path
 
 from mistill.errors import UserError
 from mistill.instrument.knockin import SET_KINDS, summarize
+from mistill.instrument.read_passes import ReadSide
 from mistill.instrument.readout import (
     PHASES,
     instrument_dir,
@@ -52,7 +55,8 @@ def keys(params: dict) -> list[str]:
     small, large = split_half_k(params)
     return ["knockin_median_shift_patient_unit_max", "necessity_median_shift_patient_unit_max_p1_p2c",
             "p2_necessity_rise_patient_unit", f"split_half_top{small}_overlap", f"split_half_top{large}_overlap",
-            "split_half_spearman_full", "split_half_spearman_shortlist_p2c_min", "patient_units_notes_patients"]
+            "split_half_spearman_full", "split_half_spearman_shortlist_p2c_min", "patient_units_notes_patients",
+            "readside_lift_shift_max"]
 
 
 def patients(params: dict) -> dict[str, str]:
@@ -142,7 +146,32 @@ def compute_values(params: dict) -> tuple[dict, list[Path]]:
             short[phase].median_spearman, f"lowest over phases ({phase}) of the median over {splits} of the "
             "Spearman of the halves' rankings, shortlist traces", f"{shortlist_dir}/calibration.npz")
         inputs.append(shortlist_dir / "calibration.npz")
+    read_dir = ReadSide.from_params(params).pass_dir("readside")
+    if (read_dir / "read_panel.json").is_file():
+        shift, n = readside_lift_shift(read_dir, units)
+        v["readside_lift_shift_max"] = value(shift, f"max abs shift of a read-side lift median (each phase's top-k, "
+                                             f"random panel and bottom-k) with {n} patients as units",
+                                             f"{read_dir}/*/read.jsonl")
+        inputs += [read_dir / "read_panel.json", *sorted(read_dir.glob("*/read.jsonl"))]
     return v, inputs
+
+
+def readside_lift_shift(read_dir: Path, units: dict[str, str]) -> tuple[float, int]:
+    """(largest |median over patients - median over notes| of a Table 16 group lift, patients)."""
+    from mistill.instrument import read_readout as rr
+
+    summary = load_json(read_dir / "read_panel.json")
+    rows = {note: read_jsonl(read_dir / note / "read.jsonl") for note in summary["notes"]}
+    panel = summary["panel"]
+    groups = [(phase, heads) for phase, heads in panel["top"].items()]
+    groups += [(phase, heads) for phase, heads in panel["bottom"].items()]
+    groups += [(phase, panel["random"]) for phase in panel["top"]]
+    shifts = []
+    for phase, heads in groups:
+        per_note = rr.group_lift_per_note(rows, phase, heads)
+        if per_note:
+            shifts.append(abs(rr.median(rr.by_unit(per_note, units)) - rr.median(per_note)))
+    return max(shifts), len({units[n] for n in rows})
 
 
 def main() -> int:

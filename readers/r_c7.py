@@ -8,8 +8,13 @@ calibrated rankings over every head (mean I_c over notes), the overlap of their 
 top-8); HD-002's knock-in of its own global top-k at readers.knockin_k (the paper's top-40) beside the
 random-k floor, and its chapter top-k knock-in at the necessity size, with HD-001's value beside it.
 
-The prose locus, the prose-time set and the teacher's read side on HD-002 come from passes that are
-not stages yet (registry R-C7, unproduced_keys).
+The teacher's read side on both runs (HD-001-read, HD-002-read: `mistill instrument readside`, each run's
+own App. E panel): the chapter top-k's share on the emitted chapter's lines and its lift at P1, and the
+first contrastive reader's share on the near-miss's earlier mentions at P2C (params read_side.panel_k,
+readers.named_heads), medians over notes, with the full inventory's value beside each.
+
+The prose locus and the prose-time set come from a pass that is not a stage yet (registry R-C7,
+unproduced_keys).
 """
 
 from __future__ import annotations
@@ -17,6 +22,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from mistill.instrument.global_sets import phase_scores
+from mistill.instrument.read_passes import ReadSide
 from mistill.instrument.readout import (
     PHASES,
     instrument_dir,
@@ -25,6 +31,7 @@ from mistill.instrument.readout import (
     run_reader,
     value,
 )
+from mistill.io import read_jsonl
 from mistill.stats import spearman_over_heads, top_k_overlap
 
 READER = "readers/r_c7.py"
@@ -43,8 +50,57 @@ def keys(params: dict) -> list[str]:
     out = []
     for p in (p.lower() for p in PHASES):
         out += [f"ic_spearman_full_vs_shortlist_{p}", f"top{pool_k}_overlap_{p}", f"hd002_knockin_top{knock}_{p}"]
-    return out + [f"top{small}_overlap_p1_p2_p2c", f"hd002_random{knock}_knockin_p1_p2_p2c",
-                  f"hd002_chapter_top{small}_knockin"]
+    out += [f"top{small}_overlap_p1_p2_p2c", f"hd002_random{knock}_knockin_p1_p2_p2c",
+            f"hd002_chapter_top{small}_knockin"]
+    k = ReadSide.from_params(params).panel_k
+    out += [f"hd002_chapter_top{k}_region_share", f"hd002_chapter_top{k}_lift"]
+    contrastive = settings.named_heads.contrastive_readers
+    return out + ([f"hd002_{contrastive[0]}_near_miss_share"] if contrastive else [])
+
+
+def read_side_values(params: dict) -> tuple[dict, list[Path]]:
+    """The read-side keys: HD-002-read against HD-001-read."""
+    from mistill.instrument import read_readout as rr
+    from mistill.instrument.readout import head_index
+
+    side = ReadSide.from_params(params)
+    k = side.panel_k
+    runs = {"full": side.pass_dir("readside"), "shortlist": Path(side.shortlist_out_dir)}
+    read = {}
+    for name, directory in runs.items():
+        summary = load_json(directory / "read_panel.json")
+        read[name] = (summary, {n: read_jsonl(directory / n / "read.jsonl") for n in summary["notes"]})
+    v: dict = {}
+    art = f"{runs['shortlist']}/*/read.jsonl, {runs['full']}/*/read.jsonl"
+
+    def both(phase: str, heads_of, measure) -> tuple[float | None, float | None]:
+        return tuple(rr.median(measure(rows, phase, heads_of(summary))) for summary, rows in
+                     (read["shortlist"], read["full"]))
+
+    def chapter_top(summary: dict) -> list[int]:
+        return summary["panel"]["top"].get("P1", [])
+
+    share, full = both("P1", chapter_top, lambda rows, phase, heads: rr.group_per_note(rows, phase, heads, rr.REGION))
+    if share is not None:
+        v[f"hd002_chapter_top{k}_region_share"] = value(
+            share, f"median over notes of the chapter top-{k}'s share on the emitted chapter's lines, P1, shortlist "
+            f"traces (full inventory {full:.3g})", art)
+    lift, full = both("P1", chapter_top, rr.group_lift_per_note)
+    if lift is not None:
+        v[f"hd002_chapter_top{k}_lift"] = value(lift, f"median over notes of the chapter top-{k}'s region lift, P1, "
+                                                f"shortlist traces (full inventory {full:.3g})", art)
+    contrastive = reader_settings(params).named_heads.contrastive_readers
+    if contrastive:
+        summary = read["shortlist"][0]
+        head = head_index(contrastive[0], summary["n_layers"], summary["n_heads"])
+        n_share, full = both("P2C", lambda _: head,
+                             lambda rows, phase, h: rr.share_per_note(rows, phase, h, rr.NEAR_MISS))
+        if n_share is not None:
+            v[f"hd002_{contrastive[0]}_near_miss_share"] = value(
+                n_share, f"median over notes of {contrastive[0]}'s share on the near-miss's earlier mentions, P2C, "
+                f"shortlist traces (full inventory {full:.3g})", art)
+    inputs = [d / "read_panel.json" for d in runs.values()]
+    return v, inputs
 
 
 def _knockin(faith: dict, phase: str, k: int, kind: str) -> float | None:
@@ -90,6 +146,10 @@ def compute_values(params: dict) -> tuple[dict, list[Path]]:
                                                        f"{short_dir}/faithfulness2.json, {full_dir}/faithfulness2.json")
     inputs = [full_dir / "head_sets_contrast.json", short_dir / "head_sets_contrast.json",
               full_dir / "faithfulness2.json", short_dir / "faithfulness2.json"]
+    if (Path(ReadSide.from_params(params).shortlist_out_dir) / "read_panel.json").is_file():
+        reads, read_inputs = read_side_values(params)
+        v.update(reads)
+        inputs += read_inputs
     return v, inputs
 
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import copy
 import importlib.util
+import json
 from pathlib import Path
 
 import numpy as np
@@ -469,6 +470,31 @@ def test_r_d20_writes_the_paper_keys_on_paper_shaped_proxy_artifacts(tmp_path):
     assert values["c_vs_exact_l39h12_l39h10_l30h11"]["value"] == pytest.approx(c, rel=1e-6)
 
 
+
+def _write_read_side(directory: Path, sets_body: dict, notes: list[str], params: dict, seed: int) -> None:
+    """A read-side pass's output (read_panel.json, <note>/read.jsonl) over the App. E panel of `sets_body`."""
+    from mistill.instrument.read_passes import named_head_ids, teacher_panel
+    from mistill.instrument.readside import CATEGORIES
+
+    rng = np.random.default_rng(seed)
+    L, H = sets_body["n_layers"], sets_body["n_heads"]
+    named = named_head_ids(params, L, H)
+    panel = teacher_panel(sets_body, params["read_side"]["panel_k"], 0, [h for hs in named.values() for h in hs])
+    heads = panel.heads()
+    for note in notes:
+        rows = []
+        for e, kind in enumerate(k for k in PHASES for _ in range(3)):
+            shares = rng.dirichlet(np.ones(len(CATEGORIES)), size=len(heads))
+            rows.append({"kind": kind, "pos": 10 + 7 * e, "code": "N18.3", "heads": heads,
+                         "shares": shares.tolist(), "lift": rng.uniform(0.5, 10, len(heads)).tolist(),
+                         "n_eff": rng.uniform(5, 50, len(heads)).tolist(),
+                         "qk_s_minus_n": rng.normal(0, 0.01, len(heads)).tolist(),
+                         "importance": rng.normal(0, 0.2, len(heads)).tolist(), "has_S": True, "has_N": True})
+        write_jsonl(directory / note / "read.jsonl", rows)
+    write_json(directory / "read_panel.json", {"panel": panel.as_dict(), "panel_size": panel.size(),
+                                               "named": named, "n_layers": L, "n_heads": H, "notes": notes})
+
+
 def test_r_c13_writes_its_keys_on_paper_shaped_artifacts(paper_hd001, tmp_path):
     """Five notes of four patients (n0 and n1 are one patient's two prompt variants)."""
     from mistill.io import write_npz
@@ -485,6 +511,8 @@ def test_r_c13_writes_its_keys_on_paper_shaped_artifacts(paper_hd001, tmp_path):
     ic = {f"ic_{p}": rng.normal(0, 0.05, (5, 1600)) + leaders for p in PHASES}
     for run in (out, Path(params["distill"]["teacher_head_sets"]).parent):
         write_npz(run / "calibration.npz", **ic, **{f"notes_{p}": np.asarray(notes) for p in PHASES})
+    params["read_side"]["out_dir"] = str(tmp_path / "HD-001-read")
+    _write_read_side(tmp_path / "HD-001-read" / "readside", paper_hd001[1], notes, params, seed=7)
     module = reader("R-C13")
     values, _ = module.compute_values(params)
     _assert_writes_what_it_lists(module, params, values)
@@ -593,6 +621,9 @@ def test_r_c7_shortlist_against_full_inventory_on_paper_shaped_artifacts(paper_h
         ranked[0]["ic"] = min(r["ic"] for r in ranked) - 1.0
     write_json(short / "head_sets_contrast.json", body)
     shutil.copy(full / "faithfulness2.json", short / "faithfulness2.json")
+    params["read_side"].update(out_dir=str(tmp_path / "HD-001-read"), shortlist_out_dir=str(tmp_path / "HD-002-read"))
+    _write_read_side(tmp_path / "HD-001-read" / "readside", paper_hd001[1], ["n0", "n1"], params, seed=8)
+    _write_read_side(tmp_path / "HD-002-read", body, ["n0", "n1"], params, seed=9)
     module = reader("R-C7")
     values, _ = module.compute_values(params)
     _assert_writes_what_it_lists(module, params, values)
@@ -648,3 +679,18 @@ def test_r_c8_intact_against_detached_on_paper_shaped_artifacts(paper_hd001, tmp
     order = np.argsort(-a, kind="stable").tolist()
     assert ranks == [order.index(h) + 1 for h in (1570, 1589, 1572, 1486)]
     assert len(inputs) == 2 + 3 + 1
+
+
+def test_r_c5_writes_the_paper_keys_on_a_paper_shaped_read_side(paper_hd001, tmp_path):
+    """The App. E panel of a 1,600-head teacher (68 heads at k = 16 in the paper; here its own count) and the
+    paper's named heads: every key R-C5 lists is written, and the panel size is the ranked and random groups'."""
+    params = copy.deepcopy(paper_hd001[0])
+    params["read_side"]["out_dir"] = str(tmp_path / "HD-001-read")
+    _write_read_side(tmp_path / "HD-001-read" / "readside", paper_hd001[1], ["n0", "n1", "n2"], params, seed=10)
+    module = reader("R-C5")
+    values, _ = module.compute_values(params)
+    _assert_writes_what_it_lists(module, params, values)
+    assert not sorted(set(REGISTRY.expected("paper").values["R-C5"]) - set(values))
+    panel = json.loads((tmp_path / "HD-001-read" / "readside" / "read_panel.json").read_text())["panel"]
+    ranked = {h for group in ("top", "bottom") for hs in panel[group].values() for h in hs} | set(panel["random"])
+    assert values["read_panel_size"]["value"] == len(ranked) <= 16 * 6

@@ -41,19 +41,19 @@ def test_every_figure_renders_from_the_committed_results(registry, results, tmp_
         for fmt in ("pdf", "png"):
             data = (tmp_path / "build" / "figures" / f"{name}.{fmt}").read_bytes()
             assert data.startswith(b"%PDF" if fmt == "pdf" else b"\x89PNG"), (name, fmt)
-    # the demo's numbers files feed these; the paper's Figures 1, 3, 4, 5, 7 and 8 read results the demo
+    # the demo's numbers files feed these; the paper's Figures 1, 3, 5, 7 and 8 read results the demo
     # does not produce, and are missing-data placeholders
-    for name in ("repro-knockin-by-k", "repro-own-heads", "repro-margins", "repro-task-by-arm"):
+    for name in ("repro-knockin-by-k", "repro-own-heads", "repro-margins", "repro-task-by-arm", "figure4"):
         assert not figs[name].placeholder and figs[name].drawn > 0, name
     assert not figs["repro-own-heads"].missing and figs["repro-own-heads"].drawn == 15
-    assert sorted(f.name for f in report.figures.placeholders) == [f"figure{i}" for i in (1, 3, 4, 5, 7, 8)]
+    assert sorted(f.name for f in report.figures.placeholders) == [f"figure{i}" for i in (1, 3, 5, 7, 8)]
     assert "R-C6" in figs["figure1"].placeholder
     # Figure 2 is partial: R-D6's bars drawn, the controls' (R-D7, R-D13, R-D14) shown as ?? and counted
     assert figs["figure2"].drawn == 4 and "R-D7.qwen_randpos_own_p2c" in figs["figure2"].missing
     assert report.missing["figures/figure2"] == figs["figure2"].missing
     assert "R-D7.qwen_randpos_own_p2c" in report.shown_missing()
-    assert report.figures.summary() == ("figures: 12 rendered, 6 from numbers files (3 with ?? points), "
-                                        "6 missing-data placeholder(s)")
+    assert report.figures.summary() == ("figures: 12 rendered, 7 from numbers files (3 with ?? points), "
+                                        "5 missing-data placeholder(s)")
     index = (tmp_path / "build" / "figures" / "index.md").read_text()
     assert "![repro-knockin-by-k](repro-knockin-by-k.png)" in index and "missing-data placeholder" in index
 
@@ -106,3 +106,77 @@ def test_bad_figure_specs_are_one_line_errors(registry, results, tmp_path, spec,
     with pytest.raises(UserError, match=message):
         render(registry, results, tmp_path / "build", templates=templates)
     assert not (tmp_path / "build").exists()
+
+
+# ---- named heads: {region_reader} and the like are the profile's heads (params readers.named_heads) ----------
+
+
+def test_head_roles_follow_params_named_heads():
+    from mistill.repro.labels import head_roles
+
+    roles = head_roles({"leader": "l39h38", "region_readers": ["l26h36", "l28h21"], "contrastive_readers": ["l30h11"],
+                        "recurrent": ["l39h38", "l39h13"]})
+    assert roles == {"leader": "l39h38", "region_reader": "l26h36", "region_reader_2": "l28h21",
+                     "contrastive_reader": "l30h11", "recurrent": "l39h38", "recurrent_2": "l39h13"}
+
+
+def test_a_head_role_substitutes_in_a_label_and_a_number_reference():
+    spec = {"title": "{teacher}: {region_reader}", "reads": ["R-C5"], "caption": "{prose_reader|upper} reads prose",
+            "panels": [{"kind": "bars", "title": "{contrastive_reader_2}", "bars": [
+                {"label": "{region_reader|upper}", "value": "R-C5.{region_reader}_region_share"},
+                {"label": "{contrastive_reader|upper}: near-miss",
+                 "value": "R-C5.{contrastive_reader}_near_miss_share",
+                 "lo": "R-C5.{contrastive_reader}_near_miss_share_p10_p90[0]"}]},
+                {"kind": "lines", "series": [{"label": "{region_reader}", "value": "R-C3.knockin_top{k}_p1"}]}]}
+    names = {"teacher": "Qwen3-14B", "region_reader": "l26h36", "prose_reader": "l39h38",
+             "contrastive_reader": "l30h11", "contrastive_reader_2": "l38h39"}
+    named, refs = figures_module._roles_named(spec, names, "spec.yaml")
+    assert named["title"] == "Qwen3-14B: l26h36" and named["caption"] == "L39H38 reads prose"
+    bars = named["panels"][0]["bars"]
+    assert named["panels"][0]["title"] == "l38h39"
+    assert bars[0] == {"label": "L26H36", "value": "R-C5.l26h36_region_share"}
+    assert bars[1] == {"label": "L30H11: near-miss", "value": "R-C5.l30h11_near_miss_share",
+                       "lo": "R-C5.l30h11_near_miss_share_p10_p90[0]"}
+    # {k} is a series' set size, not a role
+    assert named["panels"][1]["series"] == [{"label": "l26h36", "value": "R-C3.knockin_top{k}_p1"}]
+    assert spec["panels"][0]["bars"][0]["value"] == "R-C5.{region_reader}_region_share"   # the spec is not changed
+    assert refs == {"R-C5.l26h36_region_share", "R-C5.l30h11_near_miss_share", "R-C5.l30h11_near_miss_share_p10_p90[0]"}
+
+
+@pytest.mark.parametrize("profile, key, drawn", [
+    ("demo", "l1h0_region_share", True),
+    ("paper", "l26h36_region_share", False),
+    # the rehearsal's stand-in head: a key no profile's expected values register is a gap, not an error
+    ("rehearsal", "l2h0_region_share", False)])
+def test_a_head_role_names_the_profiles_own_head(registry, results, tmp_path, profile, key, drawn):
+    spec = {"title": "x", "reads": ["R-C5"], "panels": [{"kind": "bars", "bars": [
+        {"label": "{region_reader|upper}", "value": "R-C5.{region_reader}_region_share"},
+        {"label": "random panel", "value": "R-C5.random_panel_region_share"}]}]}
+    templates = _templates_with(tmp_path, "heads", spec)
+    if profile != "demo":
+        results = tmp_path / "no-results"          # the profile's numbers are not here: its head's number is ??
+        results.mkdir()
+    report = render(registry, results, tmp_path / "build", templates=templates, profile=profile)
+    fig = next(f for f in report.figures.figures if f.name == "heads")
+    assert (f"R-C5.{key}" in fig.missing) is not drawn
+    if drawn:
+        assert fig.drawn == 2 and fig.missing == []
+
+
+def test_an_unknown_head_role_is_a_one_line_error(registry, results, tmp_path):
+    spec = {"title": "x", "reads": ["R-C5"], "panels": [{"kind": "bars", "bars": [
+        {"label": "a", "value": "R-C5.{region_reader_9}_region_share"}]}]}
+    templates = _templates_with(tmp_path, "bad", spec)
+    with pytest.raises(UserError) as err:
+        render(registry, results, tmp_path / "build", templates=templates)
+    message = str(err.value)
+    assert "bad.yaml: params labels.models or readers.named_heads names no 'region_reader_9'" in message
+    assert "region_reader_2" in message and "\n" not in message
+    assert not (tmp_path / "build").exists()
+
+
+def test_figure4_draws_the_demos_named_heads_with_no_missing_number(registry, results, tmp_path):
+    report = render(registry, results, tmp_path / "build")
+    fig4 = next(f for f in report.figures.figures if f.name == "figure4")
+    assert not fig4.placeholder and fig4.missing == [] and fig4.drawn == 11
+    assert "figures/figure4" not in report.missing

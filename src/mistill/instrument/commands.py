@@ -120,7 +120,7 @@ def _readside(args) -> int:
     from mistill.instrument.read_passes import run_readside
 
     cfg, params = _config(args)
-    summary = run_readside(cfg, params, limit=args.limit, force=args.force)
+    summary = run_readside(cfg, params, limit=args.limit, force=args.force, read_dir=args.read_dir)
     print(f"read side: {len(summary['panel']['random'])} random + named + ranked heads on {len(summary['notes'])} notes")
     return 0
 
@@ -180,6 +180,9 @@ def register(subparsers) -> None:
         _common(parser)
         # sharded over params compute.gpus_per_pass processes under torchrun (mistill.shard)
         parser.set_defaults(func=func, sharded=True)
+        if name == "readside":
+            parser.add_argument("--read-dir", default=None, help="where the reads go (default: "
+                                "read_side.out_dir/readside; HD-002-read for the shortlist run)")
     parser = subparsers.add_parser("calibrate", help="NULL calibration, BH tests, global sets "
                                    "(head_sets_contrast.json)")
     _common(parser, resumable=False)

@@ -62,6 +62,7 @@ class ReadSide:
 
     out_dir: str
     panel_k: int                        # top-k per phase, bottom-k of P1 and P2C, k random (paper 16)
+    shortlist_out_dir: str = "artifacts/HD-002-read"   # the read side on the shortlist run (HD-002, R-C7)
     seed: int = 0
     key_block_min_effect: float = 0.1   # nats: D/E is read over events where the head's E exceeds it
     edits: EditsSection = field(default_factory=EditsSection)
@@ -155,8 +156,11 @@ def _importance_by_event(path: Path) -> dict[tuple[str, int], np.ndarray]:
 
 
 def run_readside(cfg: InstrumentConfig, params: dict, *, model=None, tokenizer=None, limit: int | None = None,
-                 force: bool = False) -> dict:
-    """The panel's attention at every decision event of every note, with each head's importance there."""
+                 force: bool = False, read_dir: str | Path | None = None) -> dict:
+    """The panel's attention at every decision event of every note, with each head's importance there.
+
+    The notes, events, attributions and global sets are those of `cfg.out_dir` (HD-001, or HD-002 for the
+    shortlist run); `read_dir` (default: read_side.out_dir/readside) is where the reads go."""
     from mistill.instrument.readside import ReadEvent, note_layout, read_note
 
     side = ReadSide.from_params(params)
@@ -167,7 +171,7 @@ def run_readside(cfg: InstrumentConfig, params: dict, *, model=None, tokenizer=N
     panel = teacher_panel(sets, side.panel_k, side.seed, [h for hs in named.values() for h in hs])
     heads = panel.heads()
     pairs = [(h // H, h % H) for h in heads]
-    out = side.pass_dir("readside")
+    out = Path(read_dir) if read_dir is not None else side.pass_dir("readside")
     config = side.digest(json.dumps(panel.as_dict(), sort_keys=True))
     note_pass = NotePass("readside", out, "read.jsonl", read_jsonl, force, config)
     notes = _notes_with_events(cfg, limit)

@@ -110,3 +110,11 @@ def mean_query_key_score(rows_by_note: Rows, phase: str, head: int) -> float | N
     values = [row["qk_s_minus_n"][i] for rows in rows_by_note.values() for row, i in _head_events(rows, phase, head)
               if row.get("qk_s_minus_n") and row["qk_s_minus_n"][i] is not None]
     return float(np.mean(values)) if values else None
+
+
+def by_unit(per_note: Mapping[str, float], units: Mapping[str, str]) -> dict[str, float]:
+    """unit -> the mean of its notes' values (App. C "Patients": a patient's prompt variants averaged first)."""
+    grouped: dict[str, list[float]] = {}
+    for note, x in per_note.items():
+        grouped.setdefault(units[note], []).append(x)
+    return {unit: float(np.mean(xs)) for unit, xs in grouped.items()}

@@ -30,6 +30,19 @@ A spec::
         series:
           - {label: M1 lead, values: ["R-D8.m1_p2c_lead_n100_n250_n493[0]", ...]}
 
+Roles: ``{student_qwen}`` (a model, params ``labels.models``) and ``{region_reader}`` (a named head, params
+``readers.named_heads``: ``{region_reader}``, ``{region_reader_2}``, ``{prose_reader}``, ``{contrastive_reader}``,
+``{contrastive_reader_2}``, ...; the rule is in `mistill.repro.labels`) are replaced by the profile's names in
+the title, the caption, panel titles, every bar's, series' and reference's label and in its number references
+(``value``, ``lo``, ``hi``, ``values``), so one spec serves every profile::
+
+      - {label: "{region_reader|upper}", value: "R-C5.{region_reader}_region_share"}   # L26H36 / L1H0
+
+``{role|upper}`` upper-cases the name (the paper prints heads as L26H36; value keys spell them l26h36);
+``{k}`` is not a role (it ranges over set sizes); a role the profile's params do not name is a one-line error.
+A reference a head role named whose key no profile registers (the rehearsal's stand-in heads, which the paper's
+expected values do not name) is a gap shown ``??``, not an error.
+
 A number no numbers file holds is drawn as a hatched empty bar marked ``??`` (a gap in a line) and
 reported, exactly as a missing table cell is; a panel with no number at all shows a note naming what
 is missing; a figure with no number at all (or a spec with ``placeholder:`` text and no reads, such as
@@ -97,8 +110,10 @@ class FiguresReport:
 class _Lookup:
     """Numbers by reference, with the table renderer's rules: declared reads, registered keys."""
 
-    def __init__(self, registry: Registry, numbers: dict[str, NumbersFile], reads: list[str], where: str):
+    def __init__(self, registry: Registry, numbers: dict[str, NumbersFile], reads: list[str], where: str,
+                 named_refs: frozenset[str] = frozenset()):
         self.registry, self.numbers, self.reads, self.where = registry, numbers, reads, where
+        self.named_refs = named_refs     # references a {role} named: an unregistered key is a gap, not an error
         self.missing: list[str] = []
         self.drawn = 0
 
@@ -127,6 +142,10 @@ class _Lookup:
     def value(self, ref: str, k: int | None = None) -> float | None:
         rid, key, index = self.parse(ref.replace("{k}", str(k)) if k is not None else ref)
         if key not in self.registry.registered_keys(rid):
+            if ref in self.named_refs:
+                # a head of this profile that no profile's expected values name (the rehearsal's stand-ins)
+                self.missing.append(f"{rid}.{key}" + (f"[{index}]" if index is not None else ""))
+                return None
             raise UserError(f"{self.where}: {rid} has no registered value key {key!r}")
         record = self.numbers.get(rid)
         value = record.values[key]["value"] if record and key in record.values else None
@@ -176,27 +195,67 @@ def load_specs(figures_dir: str | Path, registry: Registry) -> list[tuple[str, d
 
 
 def render_figures(registry: Registry, numbers: dict[str, NumbersFile], figures_dir: str | Path,
-                   profile: str, model_names: Mapping[str, str] | None = None) -> FiguresReport:
-    """Render every spec under `figures_dir` into memory (PDF and PNG bytes); `{role}` in a title is the
-    profile's name for that model (`model_names`, params labels.models)."""
+                   profile: str, model_names: Mapping[str, str] | None = None,
+                   head_names: Mapping[str, str] | None = None) -> FiguresReport:
+    """Render every spec under `figures_dir` into memory (PDF and PNG bytes); a `{role}` in a title, caption,
+    label or number reference is the profile's name for that model (`model_names`, params labels.models) or
+    head (`head_names`, params readers.named_heads; read from the registry root's params.yaml when not given)."""
+    from mistill.repro import labels
+
+    if head_names is None:
+        head_names = labels.head_names(registry.root, profile)
+    names = labels.label_names(model_names or {}, head_names, f"profile {profile}")
     report = FiguresReport()
     for name, spec in load_specs(figures_dir, registry):
         where = Path(figures_dir) / f"{name}.yaml"
-        spec = _titles_named(spec, model_names or {}, str(where))
-        report.figures.append(_render_one(registry, numbers, name, spec, profile, where))
+        spec, named_refs = _roles_named(spec, names, str(where))
+        report.figures.append(_render_one(registry, numbers, name, spec, profile, where, named_refs))
     return report
 
 
-def _titles_named(spec: dict[str, Any], names: Mapping[str, str], where: str) -> dict[str, Any]:
-    """A copy of `spec` whose titles and caption name the models as the profile does."""
-    from mistill.repro.labels import name_models
+ROLE_ENTRY_FIELDS = ("label", "value", "lo", "hi")     # a bar's, series' or reference's fields that take {role}
 
-    panels = [{**panel, "title": name_models(str(panel["title"]), names, where)} if "title" in panel else panel
-              for panel in spec.get("panels") or []]
-    named = {**spec, "title": name_models(spec["title"], names, where), **({"panels": panels} if panels else {})}
+
+def _roles_named(spec: dict[str, Any], names: Mapping[str, str],
+                 where: str) -> tuple[dict[str, Any], frozenset[str]]:
+    """A copy of `spec` whose titles, caption, labels and number references name the models and heads as the
+    profile does (one substitution, `mistill.repro.labels.name_models`, for all of them), and the number
+    references a role changed.  A key named by a head no profile's expected values register (the rehearsal's
+    stand-in heads) is drawn as a gap and reported, not an error; every other unregistered key is one."""
+    from mistill.repro.labels import MODELS_AND_HEADS, name_models
+
+    named_refs: set[str] = set()
+
+    def named(text: Any) -> Any:
+        return name_models(text, names, where, MODELS_AND_HEADS) if isinstance(text, str) else text
+
+    def ref(text: Any) -> Any:
+        out = named(text)
+        if out != text:
+            named_refs.add(out)
+        return out
+
+    def entry(item: Any) -> Any:
+        if not isinstance(item, dict):
+            return item
+        out = {**item, **{f: (named if f == "label" else ref)(item[f]) for f in ROLE_ENTRY_FIELDS if f in item}}
+        if isinstance(item.get("values"), list):
+            out["values"] = [ref(r) for r in item["values"]]
+        return out
+
+    panels = []
+    for panel in spec.get("panels") or []:
+        panel = dict(panel)
+        if "title" in panel:
+            panel["title"] = named(str(panel["title"]))
+        for group in ("bars", "series", "references"):
+            if isinstance(panel.get(group), list):
+                panel[group] = [entry(item) for item in panel[group]]
+        panels.append(panel)
+    out = {**spec, "title": named(spec["title"]), **({"panels": panels} if panels else {})}
     if spec.get("caption"):
-        named["caption"] = name_models(str(spec["caption"]), names, where)
-    return named
+        out["caption"] = named(str(spec["caption"]))
+    return out, frozenset(named_refs)
 
 
 def figures_index(report: FiguresReport, profile: str) -> str:
@@ -219,12 +278,12 @@ def figures_index(report: FiguresReport, profile: str) -> str:
 
 
 def _render_one(registry: Registry, numbers: dict[str, NumbersFile], name: str, spec: dict[str, Any],
-                profile: str, where: Path) -> FigureResult:
+                profile: str, where: Path, named_refs: frozenset[str] = frozenset()) -> FigureResult:
     from matplotlib.figure import Figure
 
     reads = list(spec.get("reads") or [])
     result = FigureResult(name=name, title=spec["title"], reads=reads)
-    lookup = _Lookup(registry, numbers, reads, str(where))
+    lookup = _Lookup(registry, numbers, reads, str(where), named_refs)
     panels = [_panel_data(lookup, panel, where, i) for i, panel in enumerate(spec.get("panels") or [])]
     result.drawn, result.missing = lookup.drawn, sorted(set(lookup.missing))
 
