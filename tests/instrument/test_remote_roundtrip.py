@@ -89,7 +89,8 @@ def project(tmp_path_factory, world, env):
     demo["readers"].update(necessity_k=4, knockin_k=4, layer_ranges=[[0, 0], [1, 1]],
                            importance_share_layers=[[1, 1]],
                            named_heads={"leader": "l1h3", "contrastive_specialist": "l0h2",
-                                        "recurrent": ["l0h3", "l1h0"]})
+                                        "recurrent": ["l0h3", "l1h0"], "region_readers": ["l0h1", "l1h2"],
+                                        "prose_readers": ["l1h0"], "contrastive_readers": ["l0h2", "l1h3"]})
     all_params["profile"] = demo
     (proj / "params.yaml").write_text(yaml.safe_dump(all_params, sort_keys=False))
 

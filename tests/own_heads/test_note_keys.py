@@ -54,9 +54,9 @@ def test_a_changed_trace_recomputes_that_note_and_the_note_it_donates_to(arm):
     rows[2]["prompt"] = rows[2]["prompt"].replace("patient note 2 with", "patient note 2 and")
     write_jsonl(path, rows)
     run()
-    # note2: realised events, knock-in, read side; note1: knock-in, whose donor is note2 (App. K)
+    # note2: realised events, knock-in, read side, edits; note1: knock-in, whose donor is note2 (App. K)
     assert rewritten(before, stamps(m6)) == ["note1/patch2.jsonl", "note2/events.jsonl", "note2/patch2.jsonl",
-                                             "note2/readside.jsonl"]
+                                             "note2/prefix_edit.jsonl", "note2/readside.jsonl"]
     meta = json.loads((m6 / "note1" / "patch2.jsonl.meta.json").read_text())
     assert meta["donor"] == "note2" and len(meta["inputs_sha256"]) == 64
 
@@ -71,5 +71,5 @@ def test_changed_teacher_events_recompute_the_notes_that_read_them(arm):
     write_jsonl(path, events[:last_p2] + events[last_p2 + 1:])
     run()
     # note0's realised events lose the event; note3's knock-in reads them too: its donor is note0 (wrap)
-    assert rewritten(before, stamps(m6)) == ["note0/events.jsonl", "note0/patch2.jsonl", "note0/readside.jsonl",
-                                             "note3/patch2.jsonl"]
+    assert rewritten(before, stamps(m6)) == ["note0/events.jsonl", "note0/patch2.jsonl", "note0/prefix_edit.jsonl",
+                                             "note0/readside.jsonl", "note3/patch2.jsonl"]
