@@ -36,7 +36,7 @@ def slow(session: nox.Session) -> None:
 @nox.session
 def rehearsal(session: nox.Session) -> None:
     """The paper profile rehearsed on stand-ins (tests/rehearsal): `mistill rehearsal build` in a temporary
-    directory, then `dvc repro R-D6 R-D1 R-D2 R-D5 R-D0 R-D21 R-D18` under it (every arm at seeds 0-2, the MIMIC-IV loader,
+    directory, then `dvc repro` of its targets under it (`mistill.rehearsal.build.TARGETS`: every arm at seeds 0-2, the MIMIC-IV loader,
     vLLM, YaRN, pinned revisions), `mistill repro check` and the privacy guard.  To keep the working copy:
     `mistill rehearsal build <dir>` and the command it prints."""
     session.run("pytest", "-m", "slow", "--durations=5", "tests/rehearsal", *session.posargs)

@@ -101,8 +101,8 @@ def compute_values(params: dict) -> tuple[dict, list[Path]]:
     beats: dict[str, tuple[int, int]] = {}
     for name, (role, phase) in _roles(params).items():
         rows = by_role.get(role, [])
-        if not rows:
-            raise UserError(f"{out}: no key_intervene rows for {role}; rerun `mistill instrument keys`")
+        if not rows:      # no event of the role's phase has its named keys (no P2C event with an earlier N)
+            continue
         share, n_big = share_of_effect(rows, floor)
         if share is not None:
             v[f"{name}_key_block_share_of_effect"] = value(
@@ -115,6 +115,8 @@ def compute_values(params: dict) -> tuple[dict, list[Path]]:
             f"[median E, share of events with E above {floor}, median D named, median D control over those "
             f"events], nats, {phase}", art)
         per_note = named_minus_control_per_note(rows)
+        if not per_note:  # no control keys of the matching kind in any note
+            continue
         test = sign_test(list(per_note.values()))
         beats[name] = (test.n_positive, test.n)
         interval = bootstrap_mean(list(per_note.values()), n_resamples=stats.bootstrap_resamples,
@@ -126,7 +128,7 @@ def compute_values(params: dict) -> tuple[dict, list[Path]]:
         v[f"{name}_notes_named_vs_control"] = value(
             [test.n_positive, test.n_negative], f"notes higher and lower of {test.n} (sign test p {test.p_value:.3g})",
             art)
-    if heads.contrastive_readers:
+    if heads.contrastive_readers and heads.contrastive_readers[0] in beats:
         c = heads.contrastive_readers[0]
         higher, n = beats[c]
         v["notes_named_beat_control_p2c"] = value(higher, f"count of {n} notes, {c} named keys above control", art)
@@ -145,7 +147,7 @@ def compute_values(params: dict) -> tuple[dict, list[Path]]:
             v["sibling_inventory_line_share"] = value(
                 share, f"median D/E of the pair over {n_big} events with E above {floor}, the near-miss line blocked",
                 art)
-    if heads.region_readers:
+    if heads.region_readers and heads.region_readers[0] in beats:
         r0 = heads.region_readers[0]
         higher, n = beats[r0]
         v["notes_named_beat_control_p1"] = value(higher, f"count of {n} notes, {r0} named keys above control", art)

@@ -97,27 +97,28 @@ def compute_values(params: dict) -> tuple[dict, list[Path]]:
     neutral = effects(prefix, NEUTRAL)
     ok = ~np.isnan(neutral)
     n = int(ok.sum())
-    v["neutral_edit_mean_effect"] = value(float(neutral[ok].mean()), f"nats, mean over {n} events", art_p)
-    v["neutral_edit_median_effect"] = value(float(np.median(neutral[ok])), f"nats, median over {n} events", art_p)
-    test = sign_test(neutral[ok])
-    v["neutral_edit_positive_events"] = value(test.n_positive, f"count of {n} events (sign test p {test.p_value:.3g})",
-                                              art_p)
+    if n:
+        v["neutral_edit_mean_effect"] = value(float(neutral[ok].mean()), f"nats, mean over {n} events", art_p)
+        v["neutral_edit_median_effect"] = value(float(np.median(neutral[ok])), f"nats, median over {n} events", art_p)
+        test = sign_test(neutral[ok])
+        v["neutral_edit_positive_events"] = value(test.n_positive, f"count of {n} events (sign test p "
+                                                  f"{test.p_value:.3g})", art_p)
     for variant in PREFIX_VARIANTS:
         e = effects(prefix, variant)
         e = e[~np.isnan(e)]
         v[f"{variant}_edit_effects"] = value(
             [float(e.mean()) if e.size else 0.0, float(np.median(e)) if e.size else 0.0, int((e > 0).sum()), int(e.size)],
             "[mean effect, median effect, positive events, events], nats", art_p)
-    paired = {}
-    for control in ("unrelated", "other_category"):
+    # the string-copy controls against the neutral edit, paired per event (events where both were built)
+    for control, key in (("unrelated", "neutral_minus_unrelated_p"), ("other_category", "neutral_minus_other_category_p")):
         both = ok & ~np.isnan(effects(prefix, control))
         diff = neutral[both] - effects(prefix, control)[both]
-        paired[control] = (diff, sign_test(diff))
-    diff, _ = paired["unrelated"]
-    v["string_copy_vs_neutral_paired_median"] = value(float(np.median(diff)), f"nats, paired median over {diff.size} "
-                                                      "events of neutral minus unrelated", art_p)
-    v["neutral_minus_unrelated_p"] = value(paired["unrelated"][1].p_value, "p, sign test over events", art_p)
-    v["neutral_minus_other_category_p"] = value(paired["other_category"][1].p_value, "p, sign test over events", art_p)
+        if not diff.size:
+            continue
+        v[key] = value(sign_test(diff).p_value, "p, sign test over events", art_p)
+        if control == "unrelated":
+            v["string_copy_vs_neutral_paired_median"] = value(
+                float(np.median(diff)), f"nats, paired median over {diff.size} events of neutral minus unrelated", art_p)
     if pair:
         ablated = effects(prefix, NEUTRAL, ablated=True)
         big = ok & (neutral > side.edits.mediation_min_effect) & ~np.isnan(ablated)
@@ -127,9 +128,10 @@ def compute_values(params: dict) -> tuple[dict, list[Path]]:
                 f"median over {int(big.sum())} events with a neutral effect above {side.edits.mediation_min_effect} nats",
                 art_p)
         both = ok & ~np.isnan(ablated)
-        v["mediated_share_of_mean"] = value(float(1.0 - ablated[both].mean() / neutral[both].mean()),
-                                            "share, one minus the mean effect under ablation over the mean effect",
-                                            art_p)
+        if both.any() and neutral[both].mean() != 0:
+            v["mediated_share_of_mean"] = value(float(1.0 - ablated[both].mean() / neutral[both].mean()),
+                                                "share, one minus the mean effect under ablation over the mean effect",
+                                                art_p)
         clean = np.array([r["margin_identity"] for r in prefix])
         clean_ablated = np.array([r["margin_identity_ablated"] for r in prefix])
         v["pair_share_of_clean_margin"] = value(float(100.0 * (clean - clean_ablated).mean() / clean.mean()),

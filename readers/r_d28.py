@@ -118,9 +118,10 @@ def compute_values(params: dict) -> tuple[dict, list[Path]]:
     v: dict[str, dict] = {}
     for row, by_seed in runs.items():
         shared = shared_events(list(by_seed.values()))
-        means = [float(np.mean(list(per_note_effect(r, shared).values()) or [np.nan])) for r in by_seed.values()]
-        v[f"{row}_edit_effect"] = value(means, "nats, per seed the mean over notes of the per-note mean effect over "
-                                        "the three replacements", art)
+        per_seed = [list(per_note_effect(r, shared).values()) for r in by_seed.values()]
+        if all(per_seed):      # every seed has a note with an event all three replacements were built for
+            v[f"{row}_edit_effect"] = value([float(np.mean(x)) for x in per_seed], "nats, per seed the mean over "
+                                            "notes of the per-note mean effect over the three replacements", art)
     for key, (treated, control) in PAIRS.items():
         if treated not in runs or control not in runs:
             continue

@@ -73,6 +73,12 @@ def tiny_qwen3(vocab_size: int, *, layers: int = 3, heads: int = 4, kv_heads: in
     return model
 
 
+def random_ids(seed: int = 0, n: int = 48, vocab: int = 211) -> list[int]:
+    """A seeded random token sequence over the small model's vocabulary."""
+    g = torch.Generator().manual_seed(seed)
+    return torch.randint(0, vocab, (n,), generator=g).tolist()
+
+
 @pytest.fixture(scope="session")
 def small_model():
     """A tiny Qwen3 over a small vocabulary (synthetic token sequences)."""

@@ -14,13 +14,13 @@ from mistill.instrument.patching import (
     one_head_per_variant,
     prefill,
 )
+from tests.instrument.conftest import random_ids
 
 SEQ = 48
 
 
 def _ids(seed=0, n=SEQ, vocab=211):
-    g = torch.Generator().manual_seed(seed)
-    return torch.randint(0, vocab, (n,), generator=g).tolist()
+    return random_ids(seed, n, vocab)
 
 
 def test_no_intervention_is_identical_to_plain_forward(small_model):

@@ -24,14 +24,13 @@ from mistill.instrument.keymask import (
 from mistill.instrument.margin import margin
 from mistill.instrument.patching import brute_force_logits, forward_at, prefill
 from mistill.world.prompt import build_prompt
-from tests.instrument.conftest import INVENTORY, tiny_qwen3
+from tests.instrument.conftest import INVENTORY, random_ids, tiny_qwen3
 
 SEQ = 48
 
 
 def _ids(seed=0, n=SEQ, vocab=211):
-    g = torch.Generator().manual_seed(seed)
-    return torch.randint(0, vocab, (n,), generator=g).tolist()
+    return random_ids(seed, n, vocab)
 
 
 # ---- the slow reference: a full eager forward with the head's last row blocked ------------------------

@@ -22,7 +22,10 @@ from tests.repro.repro_helpers import REPO
 
 pytestmark = pytest.mark.slow
 
-IDS = ("R-D0", "R-D1", "R-D2", "R-D5", "R-D6", "R-D16", "R-D18", "R-D21")
+IDS = ("R-D0", "R-D1", "R-D2", "R-D5", "R-D6", "R-D16", "R-D18", "R-D21", "R-D28")
+# results whose keys name the teacher's heads (params readers.named_heads): the stand-in teacher's are not the
+# paper's, so these are checked against the keys their readers list under the rehearsal's params
+HEAD_NAMED_IDS = ("R-C5", "R-C10", "R-C11")
 STUDENTS = ("qwen", "smol")
 TRAINED = {"DT-000": ("vanilla", ("fp32", "bf16")), "DT-001": ("mistill", ("bf16",))}
 SEEDS = (0, 1, 2)
@@ -103,6 +106,24 @@ def test_check_reports_every_paper_key_and_crashes_on_none(rehearsed):
     assert {line.verdict for line in report.lines} <= {PASS, FAIL, NOT_REPRODUCED, NO_EXPECTED}
     cli = run(rehearsal, "mistill", "repro", "check", *IDS)
     assert cli.returncode == 1 and "FAIL" in cli.stdout and "Traceback" not in cli.stderr, cli.stderr[-3000:]
+
+
+def test_the_read_side_results_carry_the_keys_their_readers_list(rehearsed):
+    import importlib.util
+
+    from mistill.params import load_params
+
+    rehearsal, _ = rehearsed
+    params = load_params(rehearsal.root / "params.yaml", profile="rehearsal")
+    for rid in HEAD_NAMED_IDS:
+        path = rehearsal.root / "readers" / f"r_{rid[2:].lower()}.py"
+        spec = importlib.util.spec_from_file_location(f"rehearsal_{path.stem}", path)
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+        produced = json.loads((rehearsal.root / "results" / f"{rid}.json").read_text())
+        assert produced["profile"] == "rehearsal" and produced["values"], rid
+        assert set(produced["values"]) <= set(module.keys(params)), (rid, sorted(set(produced["values"])
+                                                                               - set(module.keys(params))))
 
 
 def test_the_privacy_guard_passes_on_the_rehearsals_numbers(rehearsed):

@@ -121,7 +121,7 @@ def _readside(args) -> int:
 
     cfg, params = _config(args)
     summary = run_readside(cfg, params, limit=args.limit, force=args.force, read_dir=args.read_dir)
-    print(f"read side: {len(summary['panel']['random'])} random + named + ranked heads on {len(summary['notes'])} notes")
+    print(f"read side: a {summary['panel_size']}-head panel and the named heads on {len(summary['notes'])} notes")
     return 0
 
 
