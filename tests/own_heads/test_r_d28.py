@@ -1,0 +1,96 @@
+"""R-D28's reader on hand-made edit rows: per-note effects on shared events, seed-matched and note-clustered."""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from mistill.io import write_json, write_jsonl
+
+REPO = Path(__file__).resolve().parents[2]
+ARMS = {"qwen_mistill": "student-qwen-mistill-bf16", "qwen_vanilla_bf16": "student-qwen-vanilla-bf16"}
+
+
+def reader():
+    path = REPO / "readers" / "r_d28.py"
+    spec = importlib.util.spec_from_file_location("reader_r_d28", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def _row(pos, identity, filler, unrelated, other, ablated=None):
+    margins = {"filler": filler, "unrelated": unrelated, "other_category": other}
+    return {"pos": pos, "code": "N18.4", "near_miss": "N18.3", "edit_start": 1, "edit_end": 3,
+            "margin_identity": identity, "margin": margins,
+            "margin_identity_ablated": identity if ablated is None else ablated[0],
+            "margin_ablated": {k: (v if ablated is None else ablated[1]) for k, v in margins.items()},
+            "replacement": {}}
+
+
+def _write_arm(root: Path, label: str, seed: int, rows_by_note: dict[str, list[dict]]) -> None:
+    m6 = root / "M6" / f"{label}-s{seed}"
+    for note, rows in rows_by_note.items():
+        write_jsonl(m6 / note / "prefix_edit.jsonl", rows)
+    write_json(m6 / "prefix_edit.json", {"notes": list(rows_by_note), "mediation_heads": ["l0h0", "l0h1"]})
+
+
+@pytest.fixture
+def params(tmp_path):
+    rng = np.random.default_rng(0)
+    for seed in (0, 1):
+        for row, label in ARMS.items():
+            shift = 0.3 if row == "qwen_mistill" else 0.0
+            notes = {}
+            for n in range(6):
+                rows = [_row(10 * (k + 1), 5.0, *(5.0 - shift - rng.uniform(0, 0.2, 3))) for k in range(3)]
+                if row == "qwen_vanilla_bf16" and n == 0:
+                    rows = rows[:2]                 # an event only the treated arm carries: left out of both
+                notes[f"n{n}"] = rows
+            _write_arm(tmp_path, label, seed, notes)
+    return {"paths": {"artifacts": str(tmp_path)},
+            "evaluate": {"test_notes": "unused", "teacher_traces": "unused", "events_dir": "unused",
+                         "own_heads": {"validation_traces": "unused", "validation_events_dir": "unused", "bins": [2],
+                                       "readside_k": 2, "arms": ARMS}},
+            "read_side": {"out_dir": "unused", "panel_k": 2, "edits": {"mediation_min_effect": 0.5}},
+            "stats": {"bootstrap_resamples": 200, "bootstrap_seed": 0, "confidence": 0.95}}
+
+
+def _note_effect(rows, positions):
+    return np.mean([np.mean([r["margin_identity"] - r["margin"][v] for v in ("filler", "unrelated", "other_category")])
+                    for r in rows if r["pos"] in positions])
+
+
+def test_pair_difference_by_hand(params, tmp_path):
+    module = reader()
+    values, _ = module.compute_values(params)
+    assert set(values) <= set(module.keys(params))
+    from mistill.io import read_jsonl
+
+    diffs = []
+    for note in (f"n{n}" for n in range(6)):
+        shared = {10, 20} if note == "n0" else {10, 20, 30}
+        per_seed = []
+        for seed in (0, 1):
+            treated = read_jsonl(tmp_path / "M6" / f"{ARMS['qwen_mistill']}-s{seed}" / note / "prefix_edit.jsonl")
+            control = read_jsonl(tmp_path / "M6" / f"{ARMS['qwen_vanilla_bf16']}-s{seed}" / note / "prefix_edit.jsonl")
+            per_seed.append(_note_effect(treated, shared) - _note_effect(control, shared))
+        diffs.append(np.mean(per_seed))
+    got = values["bf16_qwen_pair_edit_diff"]["value"]
+    assert got == pytest.approx(float(np.mean(diffs)))
+    assert 0.2 < got < 0.4                                        # the treated arm's edits lower its margin more
+    low, high = values["bf16_qwen_pair_edit_diff_interval"]["value"]
+    assert low <= got <= high
+    assert values["bf16_qwen_pair_edit_diff_notes_higher_lower"]["value"] == [6, 0]
+    assert "smollm_pair_edit_diff" not in values                  # a pair with no artifacts is not written
+
+
+def test_mediated_share_by_hand(params, tmp_path):
+    # seed 0 of Mistill: the pair removes 90% of a 1-nat neutral effect at every event
+    rows = {f"n{n}": [_row(10, 5.0, 4.0, 4.5, 4.5, ablated=(4.0, 3.9)) for _ in range(1)] for n in range(3)}
+    _write_arm(tmp_path, ARMS["qwen_mistill"], 0, rows)
+    values, _ = reader().compute_values(params)
+    assert values["student_top2_mediated_share_mistill_s0"]["value"] == pytest.approx(0.9)
