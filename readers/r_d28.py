@@ -8,7 +8,8 @@ filler, an unrelated code or a same-chapter code of another category,
     effect_v = margin(identity re-feed) - margin(variant v).
 
 Per arm, seed and note: the mean over the note's events of the mean effect over the three
-replacements, on the events every seed of both arms of a comparison carries with all three.  Treated
+replacements (those built: a same-shape code of the kind may not exist; the same in every arm), on the
+events every seed of both arms of a comparison carries.  Treated
 minus control is seed-matched and clustered by note (`mistill.stats.note_clustered_comparison`): the
 mean over notes with its bootstrap interval, notes higher and lower.  The mediated share of the arm's
 own top-2 contrastive heads (mean-ablated at the decision during both reads): the median over events
@@ -68,22 +69,29 @@ def load_rows(m6_dir: Path) -> dict[str, list[dict]]:
 
 
 def _complete(row: dict) -> bool:
-    return row["margin_identity"] is not None and all(row["margin"][v] is not None for v in PREFIX_VARIANTS)
+    """Read with its identity re-feed and the filler (a code replacement of the same shape may not exist)."""
+    return row["margin_identity"] is not None and row["margin"]["filler"] is not None
+
+
+def event_effect(row: dict) -> float:
+    """The mean effect over the replacements built for the event (the same ones in every arm: they are chosen
+    from the text and the inventory)."""
+    return float(np.mean([row["margin_identity"] - row["margin"][v] for v in PREFIX_VARIANTS
+                          if row["margin"][v] is not None]))
 
 
 def per_note_effect(rows_by_note: dict[str, list[dict]], shared: dict[str, set[int]]) -> dict[str, float]:
-    """note -> the mean over its shared events of the mean effect over the three replacements."""
+    """note -> the mean over its shared events of the mean effect over the replacements."""
     out = {}
     for note, rows in rows_by_note.items():
-        effects = [np.mean([r["margin_identity"] - r["margin"][v] for v in PREFIX_VARIANTS])
-                   for r in rows if r["pos"] in shared.get(note, ()) and _complete(r)]
+        effects = [event_effect(r) for r in rows if r["pos"] in shared.get(note, ()) and _complete(r)]
         if effects:
             out[note] = float(np.mean(effects))
     return out
 
 
 def shared_events(runs: list[dict[str, list[dict]]]) -> dict[str, set[int]]:
-    """note -> positions of the events every run carries with all three replacements."""
+    """note -> positions of the events every run carries, read (`_complete`)."""
     notes = set.intersection(*(set(r) for r in runs)) if runs else set()
     return {n: set.intersection(*({r["pos"] for r in run[n] if _complete(r)} for run in runs)) for n in notes}
 
@@ -119,7 +127,7 @@ def compute_values(params: dict) -> tuple[dict, list[Path]]:
     for row, by_seed in runs.items():
         shared = shared_events(list(by_seed.values()))
         per_seed = [list(per_note_effect(r, shared).values()) for r in by_seed.values()]
-        if all(per_seed):      # every seed has a note with an event all three replacements were built for
+        if all(per_seed):      # every seed has a note with a read event
             v[f"{row}_edit_effect"] = value([float(np.mean(x)) for x in per_seed], "nats, per seed the mean over "
                                             "notes of the per-note mean effect over the three replacements", art)
     for key, (treated, control) in PAIRS.items():
