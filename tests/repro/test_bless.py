@@ -60,6 +60,23 @@ def test_hand_set_tolerance_survives_rebless(git_root, monkeypatch):
     assert tol.absolute == 0.5
 
 
+def test_hand_set_descriptive_mark_survives_rebless(git_root, monkeypatch):
+    """A value marked descriptive by hand (no tolerance of its own: not yet measured by the replicates)."""
+    monkeypatch.chdir(git_root)
+    results = git_root / "results"
+    write_fixture(results, "R-C1", demo_values(median_p1_margin=3.2), profile="demo")
+    main(["repro", "bless", "R-C1", "--profile", "demo", "--results", str(results)])
+    path = results / "expected" / "demo.yaml"
+    data = yaml.load(path.read_text(), Loader=LOADER)
+    data["expected"]["R-C1"]["median_p1_margin"]["descriptive"] = {"range": [-5.0, 5.0], "why": "set by hand"}
+    path.write_text(yaml.safe_dump(data, sort_keys=False))
+    commit_all(git_root)
+    write_fixture(results, "R-C1", demo_values(median_p1_margin=3.3), profile="demo")
+    assert main(["repro", "bless", "R-C1", "--profile", "demo", "--results", str(results)]) == 0
+    kept = load_registry(git_root).expected("demo").values["R-C1"]["median_p1_margin"]
+    assert kept.value == 3.3 and kept.descriptive == (-5.0, 5.0) and kept.descriptive_why == "set by hand"
+
+
 def test_rebless_keeps_an_invariants_expected_value(git_root, monkeypatch):
     """An invariant (e.g. all-heads knock-in minus clean margin = 0) stays the invariant, not the last
     run's rounding error; other values move with the run."""

@@ -113,10 +113,10 @@ def bless(registry: Registry, ids: list[str], *, profile: str, results_dir: str 
                     "kind", infer_kind(key, number["value"], number["statistic"])),
                 "class": reference.cls if reference else ",".join(registry.results[rid].nondeterminism),
             }
+            if "descriptive" in old.get(key, {}):       # the calibration's mark, or one set by hand
+                entry["descriptive"] = old[key]["descriptive"]
             if "tolerance" in old.get(key, {}):
                 entry["tolerance"] = old[key]["tolerance"]
-                if "descriptive" in old[key]:           # the calibration's mark goes with its tolerance
-                    entry["descriptive"] = old[key]["descriptive"]
                 if "null_interval" in old[key] and says_null(key, number["value"]):
                     entry["null_interval"] = old[key]["null_interval"]   # ... while the interval still says null
                 if str(old[key]["tolerance"].get("basis", "")).startswith("invariant"):
