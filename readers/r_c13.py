@@ -160,8 +160,7 @@ def readside_lift_shift(read_dir: Path, units: dict[str, str]) -> tuple[float, i
     """(largest |median over patients - median over notes| of a Table 16 group lift, patients)."""
     from mistill.instrument import read_readout as rr
 
-    summary = load_json(read_dir / "read_panel.json")
-    rows = {note: read_jsonl(read_dir / note / "read.jsonl") for note in summary["notes"]}
+    summary, rows = rr.load_reads(read_dir)
     panel = summary["panel"]
     groups = [(phase, heads) for phase, heads in panel["top"].items()]
     groups += [(phase, heads) for phase, heads in panel["bottom"].items()]

@@ -29,19 +29,16 @@ from pathlib import Path
 
 from scipy.stats import spearmanr
 
-from mistill.errors import UserError
 from mistill.instrument import read_readout as rr
 from mistill.instrument.global_sets import load_head_sets, phase_scores
 from mistill.instrument.read_passes import ReadSide
 from mistill.instrument.readout import (
     head_index,
     instrument_dir,
-    load_json,
     reader_settings,
     run_reader,
     value,
 )
-from mistill.io import read_jsonl
 
 READER = "readers/r_c5.py"
 TABLE16_SHARES = (("sink", rr.SINK), ("code lines", rr.CODE_LINES), ("note", rr.NOTE), ("trace prose", rr.PROSE),
@@ -76,16 +73,6 @@ def keys(params: dict) -> list[str]:
     return out
 
 
-def load_rows(read_dir: Path, notes: list[str]) -> dict[str, list[dict]]:
-    rows = {}
-    for note in notes:
-        path = read_dir / note / "read.jsonl"
-        if not path.exists():
-            raise UserError(f"{path}: missing; run `mistill instrument readside` (stage HD-001-read)")
-        rows[note] = read_jsonl(path)
-    return rows
-
-
 def _range(values: list[float]) -> list[float] | None:
     return [float(min(values)), float(max(values))] if values else None
 
@@ -93,11 +80,10 @@ def _range(values: list[float]) -> list[float] | None:
 def compute_values(params: dict) -> tuple[dict, list[Path]]:
     side = ReadSide.from_params(params)
     read_dir = side.pass_dir("readside")
-    summary = load_json(read_dir / "read_panel.json")
+    summary, rows = rr.load_reads(read_dir)
     L, H = summary["n_layers"], summary["n_heads"]
     panel = summary["panel"]
     k = side.panel_k
-    rows = load_rows(read_dir, summary["notes"])
     art = f"{read_dir}/*/read.jsonl"
     on = f"{len(rows)} notes"
     named = reader_settings(params).named_heads

@@ -31,7 +31,6 @@ from mistill.instrument.readout import (
     run_reader,
     value,
 )
-from mistill.io import read_jsonl
 from mistill.stats import spearman_over_heads, top_k_overlap
 
 READER = "readers/r_c7.py"
@@ -68,8 +67,7 @@ def read_side_values(params: dict) -> tuple[dict, list[Path]]:
     runs = {"full": side.pass_dir("readside"), "shortlist": Path(side.shortlist_out_dir)}
     read = {}
     for name, directory in runs.items():
-        summary = load_json(directory / "read_panel.json")
-        read[name] = (summary, {n: read_jsonl(directory / n / "read.jsonl") for n in summary["notes"]})
+        read[name] = rr.load_reads(directory)
     v: dict = {}
     art = f"{runs['shortlist']}/*/read.jsonl, {runs['full']}/*/read.jsonl"
 

@@ -115,11 +115,14 @@ def compute_values(params: dict) -> tuple[dict, list[Path]]:
     labels = dict(params["evaluate"]["own_heads"].get("arms") or {})
     root = Path(cfg.artifacts)
     runs: dict[str, dict[int, dict[str, list[dict]]]] = {}
+    inputs: list[Path] = []
     for row, label in labels.items():
         try:
-            runs[row] = {seed: load_rows(d) for seed, d in arm_edit_dirs(root, label).items()}
+            dirs = arm_edit_dirs(root, label)
         except UserError:
             continue
+        runs[row] = {seed: load_rows(d) for seed, d in dirs.items()}
+        inputs += [d / "prefix_edit.json" for d in dirs.values()]
     if not runs:
         raise UserError(f"{root}: no arm has the own-heads edits (M6/<arm>-s<seed>/prefix_edit.json)")
     art = f"{root}/M6/*/prefix_edit.jsonl"
@@ -151,8 +154,6 @@ def compute_values(params: dict) -> tuple[dict, list[Path]]:
         if share is not None:
             v["student_top2_mediated_share_mistill_s0"] = value(
                 share, f"median over {n} events with a neutral effect above {min_effect} nats", art)
-    inputs = [d / "prefix_edit.json" for row, label in labels.items() if row in runs
-              for d in arm_edit_dirs(root, label).values()]
     return v, inputs
 
 

@@ -17,6 +17,7 @@ The region is the emitted chapter's inventory lines (readside.REGION_CATEGORIES)
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from pathlib import Path
 
 import numpy as np
 from scipy.stats import pearsonr
@@ -34,6 +35,24 @@ NOTE = ("note",)
 CODE_LINES = ("own_line", "category_lines", "chapter_lines", "other_chapter_lines", "near_miss_line")
 
 Rows = Mapping[str, Sequence[dict]]   # note -> its read.jsonl rows
+
+
+def load_reads(read_dir: Path) -> tuple[dict, dict[str, list[dict]]]:
+    """(read_panel.json, note -> read.jsonl rows) of one read-side pass's directory."""
+    from mistill.errors import UserError
+    from mistill.io import read_json, read_jsonl
+
+    panel_path = Path(read_dir) / "read_panel.json"
+    if not panel_path.exists():
+        raise UserError(f"{panel_path}: missing; run `mistill instrument readside` (stages HD-001-read, HD-002-read)")
+    summary = read_json(panel_path, "read-side panel")
+    rows = {}
+    for note in summary["notes"]:
+        path = Path(read_dir) / note / "read.jsonl"
+        if not path.exists():
+            raise UserError(f"{path}: missing; run `mistill instrument readside` (stages HD-001-read, HD-002-read)")
+        rows[note] = read_jsonl(path)
+    return summary, rows
 
 
 def _head_events(rows: Sequence[dict], phase: str, head: int):
