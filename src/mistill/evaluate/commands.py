@@ -201,3 +201,5 @@ def register(subparsers) -> None:
     own_heads_commands.register(subparsers)
     from mistill.evaluate import generate_commands  # test-note generations per arm (App. J.5)
     generate_commands.register(subparsers)
+    from mistill.evaluate import audit_commands  # the blinded audit of contrastive events (App. C)
+    audit_commands.register(subparsers)

@@ -155,6 +155,11 @@ class NoteGeneratorConfig:
             raise UserError(f"notes: split_shares must be non-negative and sum to 1, got {self.split_shares}")
 
 
+def rules_out(text: str, description: str) -> bool:
+    """Whether the generator wrote `description` into the note as a ruled-out alternative."""
+    return any(template.format(d=description) in text for template in COURSE_RULED_OUT)
+
+
 def paraphrase(description: str, rng: random.Random, prob: float) -> str:
     """Replace words or phrases of the synonym table, each with probability `prob`."""
     def swap(match: re.Match) -> str:
