@@ -203,3 +203,5 @@ def register(subparsers) -> None:
     generate_commands.register(subparsers)
     from mistill.evaluate import audit_commands  # the blinded audit of contrastive events (App. C)
     audit_commands.register(subparsers)
+    from mistill.evaluate.evidence_flip import commands as evidence_flip_commands  # App. N's cohort
+    evidence_flip_commands.register(subparsers)

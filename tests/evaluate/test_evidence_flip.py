@@ -1,0 +1,195 @@
+"""The evidence-flip population (App. N.2; R-D35): lock, frozen stages, draw, attempts, authoring, ledger."""
+
+from __future__ import annotations
+
+import json
+import re
+from collections import Counter
+from types import SimpleNamespace
+
+import pytest
+
+from mistill.errors import UserError
+from mistill.evaluate.evidence_flip import authoring, cohort, ledger
+from mistill.evaluate.evidence_flip import commands as ef_commands
+from mistill.evaluate.evidence_flip.freeze import check_lock, freeze, verify, write_lock
+from mistill.io import write_json, write_jsonl
+from mistill.world.demo_notes import COURSE_RULED_OUT, SECTIONS
+from mistill.world.inventory import Inventory, write_inventory
+from mistill.world.notes import note_to_row
+from mistill.world.types import Code, Note
+
+RULES = {"n_patients": 3, "seed": 0, "pairing": ["excludes1", "sibling"], "review_budget": 2, "samples": 1,
+         "min_effect": 0.1}
+
+
+def test_the_lock_refuses_other_rules_naming_the_rule(tmp_path):
+    write_lock(tmp_path, RULES)
+    write_lock(tmp_path, dict(RULES))               # the same rules: a no-op
+    check_lock(tmp_path, RULES)
+    with pytest.raises(UserError, match=r"LOCK.json: the cohort is locked to other rules \(n_patients: locked 3"):
+        check_lock(tmp_path, {**RULES, "n_patients": 4})
+    with pytest.raises(UserError, match="locked to other rules"):
+        write_lock(tmp_path, {**RULES, "seed": 1})
+
+
+def test_a_changed_byte_of_a_frozen_file_is_refused_in_one_line_naming_it(tmp_path):
+    draw = tmp_path / "draw.jsonl"
+    draw.write_text('{"note_id": "n1"}\n')
+    freeze(tmp_path, "draw", [draw])
+    verify(tmp_path, [draw])
+    draw.write_text('{"note_id": "n2"}\n')          # one byte
+    with pytest.raises(UserError) as err:
+        verify(tmp_path, [draw])
+    assert str(draw) in str(err.value) and "stage draw froze" in str(err.value) and "\n" not in str(err.value)
+    other = tmp_path / "other.json"
+    other.write_text("{}")
+    with pytest.raises(UserError, match="not frozen by any stage"):
+        verify(tmp_path, [other])
+
+
+def _note(i: int, split: str = "test", text: str = "chief complaint x", gold=("N18.3",)) -> Note:
+    return Note(f"n{i:05d}-0", f"p{i:05d}", text, tuple(gold), split)
+
+
+def test_the_draw_is_seeded_and_disjoint_from_development_cohorts():
+    pool = [_note(i, "train" if i % 4 == 0 else "test") for i in range(40)]
+    pool.append(Note("n00001-1", "p00001", "second admission", ("N18.3",), "test"))
+    development = {f"p{i:05d}" for i in range(1, 10)}
+    drawn = cohort.draw_patients(pool, development, {"train"}, n=12, seed=5)
+    assert drawn == cohort.draw_patients(pool, development, {"train"}, n=12, seed=5)
+    assert len(drawn) == len({n.patient_id for n in drawn}) == 12
+    assert not {n.patient_id for n in drawn} & development
+    assert all(n.split != "train" and n.note_id.endswith("-0") for n in drawn)
+    assert len(cohort.draw_patients(pool, development, {"train"}, n=500, seed=5)) == 23   # every eligible patient
+
+
+INVENTORY = Inventory([Code("E10.9", "type 1 diabetes mellitus without complications"),
+                       Code("E11.9", "type 2 diabetes mellitus without complications"),
+                       Code("E11.65", "type 2 diabetes mellitus with hyperglycemia"),
+                       Code("N18.3", "chronic kidney disease stage 3"), Code("N18.4", "chronic kidney disease stage 4"),
+                       Code("R51.9", "headache unspecified")])
+
+
+def test_excludes1_partners_resolve_categories_of_the_icd_notes():
+    # ICD-10-CM: E11 (type 2 diabetes) Excludes1 type 1 diabetes mellitus (E10.-)
+    assert cohort.excludes1_partners("E11.9", INVENTORY) == ["E10.9"]
+    assert cohort.excludes1_partners("N18.3", INVENTORY) == []
+    note = _note(1, gold=("E11.9",))
+    assert cohort.partner("E11.9", INVENTORY, ["excludes1", "sibling"], note) == "E10.9"
+    assert cohort.partner("E11.9", INVENTORY, ["sibling"], note) == "E11.65"
+    assert cohort.partner("N18.3", INVENTORY, ["excludes1"], _note(2)) is None
+    assert cohort.partner("N18.3", INVENTORY, ["excludes1", "sibling"], _note(2, gold=("N18.3", "N18.4"))) is None
+
+
+def test_attempts_follow_the_answer_and_stop_at_the_first_proposal():
+    text = "course patient was found to have type 2 diabetes mellitus with hyperglycemia and headache unspecified"
+    note = _note(1, text=text, gold=("N18.3", "R51.9", "E11.65", "E11.9"))
+    completion = '</think>\n\n["N18.3", "E10.9", "R51.9", "E11.65", "E11.9"]'
+
+    def spans(n, code):
+        return authoring.evidence_spans(n, code, INVENTORY)
+
+    got = cohort.attempts_for(note, completion, INVENTORY, ["excludes1"], spans)
+    # N18.3: no words in the note; E10.9: not gold; R51.9: no Excludes1 partner in the inventory; E11.65 -> E10.9
+    assert [(a.code, a.partner, a.failure) for a in got] == [
+        ("N18.3", None, cohort.NO_EVIDENCE), ("R51.9", None, cohort.NO_PARTNER), ("E11.65", "E10.9", None)]
+    counts = cohort.accounting([note, _note(2)], got, review_budget=5)
+    assert counts == {"patients_drawn": 2, "candidate_attempts": 3, "rejected_attempts": 2,
+                      "rejected_by_reason": {cohort.NO_EVIDENCE: 1, cohort.NO_PARTNER: 1, cohort.NO_WORDS_FOR_B: 0},
+                      "proposals": 1, "patients_without_proposal": 1, "reviewed": 1, "not_reached": 0}
+
+
+def _demo_note() -> Note:
+    sections = {"chief complaint": "ckd", "history of present illness": "sixty year old man with chronic renal "
+                "disease stage 3", "social history": "lives alone", "physical exam": "alert and oriented times three "
+                "no acute distress", "pertinent results": "lactate normal", "brief hospital course": "patient was found "
+                "to have chronic kidney disease stage 3 " + COURSE_RULED_OUT[0].format(d="headache unspecified"),
+                "discharge medications": "aspirin"}
+    text = "name unit no attending " + " ".join(f"{k} {sections[k]}" for k in SECTIONS if k in sections)
+    return Note("n00007-0", "p00007", text, ("N18.3",), "test")
+
+
+def test_the_flip_rewrites_every_evidence_span_and_the_controls_keep_their_promises():
+    note = _demo_note()
+    case = authoring.author_case("EF001", note, "N18.3", "N18.4", INVENTORY, seed=0)
+    texts = case.texts
+    # the verbatim description and its paraphrase ("chronic renal disease stage 3") are both evidence
+    assert [note.text[s:e] for s, e in case.evidence["original"]] == ["chronic renal disease stage 3",
+                                                                     "chronic kidney disease stage 3"]
+    assert "stage 3" not in texts["flipped"] and texts["flipped"].count("chronic kidney disease stage 4") == 2
+    assert [texts["flipped"][s:e] for s, e in case.evidence["flipped"]] == ["chronic kidney disease stage 4"] * 2
+    # irrelevant edit: as many words as the flip rewrites (10), none of them evidence, same word count overall
+    before, after = note.text.split(), texts["irrelevant"].split()
+    assert len(before) == len(after) and sum(a != b for a, b in zip(before, after)) <= 10
+    assert texts["irrelevant"].count("chronic kidney disease stage 3") == 1 and case.irrelevant_words_short == 0
+    # order: the same words, physical exam and pertinent results swapped
+    assert Counter(texts["order"].split()) == Counter(before) and texts["order"] != note.text
+    assert texts["order"].index("pertinent results") < texts["order"].index("physical exam")
+    assert authoring.approve(case, note, INVENTORY) == ("accept", "")
+
+
+def test_the_approval_rule_gives_the_papers_reason_codes():
+    note = _demo_note()
+    incoherent = authoring.author_case("EF001", note, "N18.3", "R51.9", INVENTORY, seed=0)   # R51.9 is ruled out
+    assert authoring.approve(incoherent, note, INVENTORY) == ("exclude", "no_coherent_flip")
+    residual = Inventory([Code("N17.8", "other acute kidney failure"), Code("N17.9", "acute kidney failure unspecified")])
+    renal = Note("n1", "p1", "course workup confirmed other acute kidney failure", ("N17.8",))
+    case = authoring.author_case("EF002", renal, "N17.8", "N17.9", residual, seed=0)
+    assert authoring.approve(case, renal, residual) == ("exclude", "pair")
+
+
+def test_the_ledger_is_checked_line_by_line(tmp_path):
+    path = tmp_path / "ledger.csv"
+    ledger.write_ledger(path, {"EF001": ("accept", ""), "EF002": ("exclude", "pair")})
+    assert ledger.read_ledger(path, ["EF001", "EF002"]) == {"EF001": ("accept", ""), "EF002": ("exclude", "pair")}
+    path.write_text("case,decision,reason\nEF001,accept,\nEF002,exclude,tired\n")
+    with pytest.raises(UserError, match=r"ledger.csv:3: EF002: an exclusion needs one of"):
+        ledger.read_ledger(path, ["EF001", "EF002"])
+    path.write_text("case,decision,reason\nEF001,accept,\n")
+    with pytest.raises(UserError, match="1 reviewed case\\(s\\) undecided, first EF002"):
+        ledger.read_ledger(path, ["EF001", "EF002"])
+
+
+def _cohort_world(tmp_path):
+    """A frozen cohort directory as ef-cohort leaves it, and params pointing at it."""
+    data = tmp_path / "artifacts" / "data"
+    data.mkdir(parents=True)
+    write_inventory(data / "inventory.jsonl", INVENTORY)
+    note = _demo_note()
+    params = {"name": "test", "paths": {"artifacts": str(tmp_path / "artifacts")},
+              "evidence_flip": {"out_dir": str(tmp_path / "EF"), "rules": RULES, "development": [],
+                                "excluded_splits": ["train"], "authoring": "generator", "approval": "rule"}}
+    settings = ef_commands.FlipSettings.from_params(params)
+    root = settings.cohort_dir
+    write_lock(root, RULES)
+    write_jsonl(root / "draw.jsonl", [note_to_row(note)])
+    attempt = cohort.Attempt(note.patient_id, note.note_id, "N18.3", "N18.4", None)
+    write_json(root / "selection.json", {"reviewed": cohort.as_rows([attempt]),
+                                         "accounting": cohort.accounting([note], [attempt], 2)})
+    freeze(root, "draw", [root / "draw.jsonl"])
+    freeze(root, "proposals", [root / "selection.json"])
+    return params, settings
+
+
+def test_ef_authored_reconciles_and_refuses_a_changed_selection(tmp_path, monkeypatch):
+    params, settings = _cohort_world(tmp_path)
+    monkeypatch.setattr(ef_commands, "_params", lambda: params)
+    assert ef_commands.cmd_ef_authored(SimpleNamespace()) == 0
+    row = json.loads((settings.cases_dir / "cohort_row.json").read_text())
+    assert (row["patients_drawn"], row["proposals"], row["reviewed"], row["accepted"], row["excluded"]) == (1, 1, 1, 1, 0)
+    case = json.loads((settings.cases_dir / "authored" / "EF001.json").read_text())
+    assert set(case["texts"]) == set(authoring.CONDITIONS)
+    selection = settings.cohort_dir / "selection.json"
+    selection.write_text(re.sub("N18.4", "N18.5", selection.read_text()))
+    with pytest.raises(UserError) as err:
+        ef_commands.cmd_ef_authored(SimpleNamespace())
+    assert str(selection) in str(err.value) and "frozen" in str(err.value) and "\n" not in str(err.value)
+
+
+def test_ef_authored_refuses_rules_changed_after_the_lock(tmp_path, monkeypatch):
+    params, _ = _cohort_world(tmp_path)
+    params["evidence_flip"]["rules"] = {**RULES, "review_budget": 3}
+    monkeypatch.setattr(ef_commands, "_params", lambda: params)
+    with pytest.raises(UserError, match="review_budget: locked 2, params 3"):
+        ef_commands.cmd_ef_authored(SimpleNamespace())
