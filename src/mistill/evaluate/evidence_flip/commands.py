@@ -209,7 +209,97 @@ def cmd_ef_authored(args) -> int:
     return 0
 
 
+def accepted_cases(settings: FlipSettings) -> list[dict]:
+    """The accepted cases' files, each verified against the frozen authoring stage."""
+    from mistill.evaluate.evidence_flip.freeze import verify
+    from mistill.io import read_json
+
+    root = settings.cases_dir
+    row_path = root / "cohort_row.json"
+    verify(root, [row_path])
+    paths = [root / "authored" / f"{case}.json" for case in read_json(row_path, "cohort reconciliation")["accepted_cases"]]
+    verify(root, paths)
+    return [read_json(p, "authored case") for p in paths]
+
+
+def cmd_ef_generate(args) -> int:
+    """One checkpoint's answers to every accepted case under every condition (App. N.1, N.3; R-D33)."""
+    from tqdm import tqdm
+
+    from mistill.evaluate.evidence_flip.behaviour import CONDITIONS
+    from mistill.evaluate.evidence_flip.cohort import CohortRules
+    from mistill.evaluate.evidence_flip.freeze import verify
+    from mistill.evaluate.generate_commands import note_seed
+    from mistill.io import read_jsonl
+    from mistill.models.fingerprint import model_fingerprint
+    from mistill.models.generation import Decoding, generate
+    from mistill.models.loading import ModelSpec, load_model, set_threads
+    from mistill.models.trace_rows import ResumableRows, input_key
+    from mistill.models.vllm_backend import EngineSettings
+    from mistill.models.world_files import data_dir
+    from mistill.world.answers import parse_answer
+    from mistill.world.inventory import format_line, load_inventory
+    from mistill.world.prompt import build_prompt
+
+    params = _params()
+    settings = FlipSettings.from_params(params)
+    rules = CohortRules.from_params(params)
+    models = params["models"]
+    set_threads(models, args.threads)
+    inventory = load_inventory(data_dir(params) / "inventory.jsonl")
+    shortlist_path = settings.cohort_dir / "shortlists.jsonl"
+    verify(settings.cohort_dir, [shortlist_path])
+    shortlists = {r["note_id"]: r["codes"] for r in read_jsonl(shortlist_path)}
+    cases = accepted_cases(settings)
+    attn = models.get("generation_attn_implementation") or models.get("attn_implementation", "eager")
+    spec = ModelSpec.from_params(models, str(models.get(args.model, args.model)), base=args.base,
+                                 attn_implementation=attn)
+    model_sha256 = model_fingerprint(spec)
+    decoding = Decoding.from_params(params["decoding"])
+    base_seed = int(params["seeds"]["decoding"])
+    jobs = {}
+    for case in cases:
+        # the drawn note's shortlist, B added where the retriever left it out: the same lines every condition
+        lines = [format_line(c) for c in inventory.restrict({*shortlists[case["note_id"]], case["partner"]})]
+        for condition in CONDITIONS:
+            prompt = build_prompt(case["texts"][condition], lines)
+            for sample in range(rules.samples):
+                seed = note_seed(base_seed, f"{case['case']}:{sample}")   # shared by conditions and checkpoints
+                jobs[f"{case['case']}:{condition}:{sample}"] = (case, condition, sample, prompt, seed)
+    out = settings.out_dir / "gen" / args.arm / "generations.jsonl"
+    rows = ResumableRows(out, {key: input_key(model_sha256=model_sha256, prompt=job[3], decoding=decoding.as_dict(),
+                                              seed=job[4]) for key, job in jobs.items()})
+    todo = rows.todo()
+    if todo:
+        runner = load_model(spec) if models.get("generation_backend", "transformers") == "transformers" else spec
+        batches = [todo[i:i + args.batch] for i in range(0, len(todo), args.batch)]
+        with rows:
+            for batch in tqdm(batches, desc=f"evidence flip: {args.arm}", unit="batch"):
+                generations = generate(runner, [jobs[k][3] for k in batch], seeds=[jobs[k][4] for k in batch],
+                                       backend=models.get("generation_backend", "transformers"), decoding=decoding,
+                                       engine=EngineSettings.from_params(models, spec.name), batch_size=len(batch))
+                for key, gen in zip(batch, generations):
+                    case, condition, sample, prompt, seed = jobs[key]
+                    parsed = parse_answer(gen.completion, inventory, hit_cap=gen.hit_cap)
+                    rows.add({"note_id": key, "case": case["case"], "condition": condition, "sample": sample,
+                              "completion": gen.completion, "valid": parsed.valid, "hit_cap": gen.hit_cap,
+                              "answer": list(parsed.answer), "seed": seed, "model": args.arm,
+                              "model_sha256": model_sha256})
+    records = rows.finish()
+    print(f"evidence flip: {args.arm}: {len(records)} answers ({rows.computed} computed, {rows.reused} reused), "
+          f"valid {sum(r['valid'] for r in records)}/{len(records)} -> {out}")
+    return 0
+
+
 def register(subparsers) -> None:
+    p = subparsers.add_parser("ef-generate", help="one checkpoint's answers to the evidence-flip cases under every "
+                                                  "condition (App. N.3)")
+    p.add_argument("--arm", required=True, help="the checkpoint's label (its directory under <out_dir>/gen)")
+    p.add_argument("--model", required=True, help="a params models key, or a checkpoint directory or id")
+    p.add_argument("--base", default="teacher", help="the params models key the checkpoint descends from (its YaRN)")
+    p.add_argument("--batch", type=int, default=16, help="prompts sampled together (changes the time, never an answer)")
+    p.add_argument("--threads", type=int, help="intra-op threads (default: params models.threads)")
+    p.set_defaults(func=cmd_ef_generate)
     p = subparsers.add_parser("ef-cohort", help="the evidence-flip population: lock, draw, shortlist, screen, "
                                                 "proposals (App. N.2)")
     p.add_argument("--device", default=None, help="the teacher's device (default: cuda when available)")
