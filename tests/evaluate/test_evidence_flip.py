@@ -7,6 +7,7 @@ import re
 from collections import Counter
 from types import SimpleNamespace
 
+import numpy as np
 import pytest
 
 from mistill.errors import UserError
@@ -193,3 +194,55 @@ def test_ef_authored_refuses_rules_changed_after_the_lock(tmp_path, monkeypatch)
     monkeypatch.setattr(ef_commands, "_params", lambda: params)
     with pytest.raises(UserError, match="review_budget: locked 2, params 3"):
         ef_commands.cmd_ef_authored(SimpleNamespace())
+
+
+# ---- the behavioural half (R-D33) ---------------------------------------------------------------------------
+
+from mistill.evaluate.evidence_flip import behaviour  # noqa: E402
+
+
+def test_scores_follow_the_rule():
+    assert behaviour.score('x\n["N18.3"]', "N18.3", "N18.4", valid=True) == 1
+    assert behaviour.score('x\n["N18.4", "E11.9"]', "N18.3", "N18.4", valid=True) == -1
+    assert behaviour.score('x\n["N18.3", "N18.4"]', "N18.3", "N18.4", valid=True) == 0
+    assert behaviour.score('x\n["E11.9"]', "N18.3", "N18.4", valid=True) == 0
+    assert behaviour.score('x\n["N18.3"]', "N18.3", "N18.4", valid=False) == 0   # invalid: 0, counted apart
+
+
+def _rows(case, v_by_condition, valid=True):
+    words = {1: '["N18.3"]', -1: '["N18.4"]', 0: "[]"}
+    return [{"case": case, "condition": c, "sample": j, "completion": words[x], "valid": valid}
+            for c, vs in v_by_condition.items() for j, x in enumerate(vs)]
+
+
+def test_d_is_half_the_score_difference_and_decomposes():
+    rows = _rows("EF001", {"original": [1, 1, 1, 0], "flipped": [-1, 0, 1, -1], "irrelevant": [1, 1, 0, 0],
+                           "order": [1, 1, 1, 0]})
+    reading = behaviour.readings(rows, {"EF001": ("N18.3", "N18.4")})["EF001"]
+    assert reading.d == pytest.approx((0.75 - (-0.25)) / 2)
+    assert reading.losing_a + reading.adopting_b == pytest.approx(reading.d)
+    assert reading.losing_a == pytest.approx((0.75 - 0.25) / 2) and reading.adopting_b == pytest.approx(0.5 / 2)
+    assert reading.paired_success == pytest.approx(0.25)      # sample 0 only: A-only then B-only
+    assert reading.agreement("irrelevant") == pytest.approx(0.75) and reading.agreement("order") == 1.0
+    with pytest.raises(ValueError, match="condition"):
+        behaviour.readings([r for r in rows if r["condition"] != "order"], {"EF001": ("N18.3", "N18.4")})
+
+
+def test_seed_pairs_are_matched_within_case_and_averaged():
+    def reading(d_orig):
+        return behaviour.CaseReading({"original": [d_orig], "flipped": [0], "irrelevant": [0], "order": [0]}, 0)
+
+    treated = {0: {"a": reading(1), "b": reading(0)}, 1: {"a": reading(1), "b": reading(1)}}
+    control = {0: {"a": reading(0), "b": reading(0)}, 1: {"a": reading(-1), "b": reading(0)}, 2: {"a": reading(0)}}
+    got = behaviour.paired_case_differences(treated, control)
+    # seed 0: a 0.5 - 0, b 0 - 0; seed 1: a 0.5 - (-0.5), b 0.5 - 0 (seed 2 has no treated partner)
+    assert got == {"a": pytest.approx((0.5 + 1.0) / 2), "b": pytest.approx((0.0 + 0.5) / 2)}
+
+
+def test_detectable_effect_matches_statsmodels_normal_power():
+    from statsmodels.stats.power import NormalIndPower
+
+    diffs = [0.1, -0.2, 0.3, 0.0, 0.25, -0.05, 0.15, 0.05]
+    sd = float(np.std(diffs, ddof=1))
+    effect = NormalIndPower().solve_power(nobs1=len(diffs), alpha=0.05, power=0.8, ratio=0)   # one-sample
+    assert behaviour.detectable_effect(diffs) == pytest.approx(effect * sd, rel=1e-3)
