@@ -15,7 +15,12 @@ from pathlib import Path
 
 import numpy as np
 
-from mistill.evaluate.evidence_flip.behaviour import CONTROLS, detectable_effect, paired_case_differences, readings
+from mistill.evaluate.evidence_flip.behaviour import (
+    CONTROLS,
+    detectable_effect,
+    paired_case_differences,
+    readings,
+)
 from mistill.evaluate.evidence_flip.cohort import CohortRules
 from mistill.evaluate.evidence_flip.commands import FlipSettings, accepted_cases
 from mistill.instrument.readout import run_reader, value
