@@ -56,6 +56,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 from transformers import AttentionInterface
+from transformers.masking_utils import AttentionMaskInterface, eager_mask
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
 from mistill.instrument.events import Event, note_rng
@@ -143,6 +144,9 @@ def keymask_attention(module, query, key, value, attention_mask, scaling=None, d
 
 
 AttentionInterface.register(_KEYMASK_ATTENTION, keymask_attention)
+# The model builds its masks for this implementation as for eager (additive, padding included, never
+# skipped); an unregistered implementation would get none, and a padded batch row would read its padding.
+AttentionMaskInterface.register(_KEYMASK_ATTENTION, eager_mask)
 
 
 @contextlib.contextmanager
@@ -158,6 +162,33 @@ def _blocking(model, blocked: dict[int, torch.Tensor]) -> Iterator[None]:
     finally:
         config._attn_implementation = own
         _ACTIVE.pop()
+
+
+def decode_key_mask(model, heads: Sequence[Head], keys: Sequence[Sequence[int]]):
+    """A decode-time key mask (App. N.4, R-D34) for `mistill.models.sampling.sample_rows`: after a clean
+    prefill, at every decoding step the heads `heads` cannot read row i's prompt keys `keys[i]` (token
+    indices into row i's chat-prompt ids); every other head, key and the prefill run unchanged.  Keys
+    cached before the mask (the prefill's) keep what they absorbed: only the heads' direct reads go."""
+    n_layers, n_heads = model.config.num_hidden_layers, model.config.num_attention_heads
+    bad = [(layer, head) for layer, head in heads if not (0 <= layer < n_layers and 0 <= head < n_heads)]
+    if bad:
+        raise ValueError(f"decode key mask: heads {bad} outside {n_layers} layers x {n_heads} heads")
+    layers = sorted({layer for layer, _ in heads})
+
+    def context(pads: Sequence[int], seq_len: int):
+        if len(pads) != len(keys):
+            raise ValueError(f"decode key mask: {len(keys)} rows of keys for a batch of {len(pads)}")
+        device = next(model.parameters()).device
+        blocked = {layer: torch.zeros(len(keys), n_heads, 1, seq_len, dtype=torch.bool) for layer in layers}
+        for i, row in enumerate(keys):
+            columns = [pads[i] + int(k) for k in row]
+            if any(not pads[i] <= c < seq_len for c in columns):
+                raise ValueError(f"decode key mask: row {i}'s keys reach outside its {seq_len - pads[i]} tokens")
+            for layer, head in heads:
+                blocked[layer][i, head, 0, columns] = True
+        return _blocking(model, {layer: t.to(device) for layer, t in blocked.items()})
+
+    return context
 
 
 def _block_tensors(blocks: Sequence[KeyBlock], layers: Sequence[int], q: int, n_heads: int, device

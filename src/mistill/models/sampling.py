@@ -30,9 +30,17 @@ def filter_logits(logits, temperature: float, top_k: int, top_p: float):
     return logits.masked_fill(drop, float("-inf"))
 
 
-def sample_rows(model, tokenizer, prompts: list[str], seeds: list[int], decoding) -> list[list[int]]:
+def sample_rows(model, tokenizer, prompts: list[str], seeds: list[int], decoding, *,
+                decode_context=None) -> list[list[int]]:
     """Sample one continuation per prompt, row i from a generator seeded with seeds[i]: the new
-    token ids, ending with the end-of-turn token when the row closed its turn within the cap."""
+    token ids, ending with the end-of-turn token when the row closed its turn within the cap.
+
+    `decode_context(pads, seq_len)`, when given, is entered around every decoding step after the
+    prefill (which stays clean): `pads[i]` is row i's left padding, `seq_len` the keys the step sees
+    (an intervention on what the model reads while it writes, e.g. a decode-time key mask).
+    """
+    import contextlib
+
     import torch
     from transformers import DynamicCache
 
@@ -40,6 +48,7 @@ def sample_rows(model, tokenizer, prompts: list[str], seeds: list[int], decoding
     encoded = [tokenizer.encode(tokenizer.chat_prompt(p)).ids for p in prompts]
     width = max(len(ids) for ids in encoded)
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+    pads = [width - len(ids) for ids in encoded]
     input_ids = torch.tensor([[pad] * (width - len(ids)) + ids for ids in encoded], device=device)
     mask = torch.tensor([[0] * (width - len(ids)) + [1] * len(ids) for ids in encoded], device=device)
     generators = [torch.Generator(device=device).manual_seed(int(s)) for s in seeds]
@@ -51,8 +60,10 @@ def sample_rows(model, tokenizer, prompts: list[str], seeds: list[int], decoding
     with torch.no_grad():
         for _ in range(decoding.max_new_tokens):
             positions = (mask.cumsum(-1) - 1).clamp(min=0)[:, -step_ids.shape[1]:]
-            out = model(input_ids=step_ids, attention_mask=mask, position_ids=positions, past_key_values=cache,
-                        use_cache=True)
+            decoding_step = decode_context is not None and cache.get_seq_length() > 0
+            with decode_context(pads, mask.shape[1]) if decoding_step else contextlib.nullcontext():
+                out = model(input_ids=step_ids, attention_mask=mask, position_ids=positions, past_key_values=cache,
+                            use_cache=True)
             cache = out.past_key_values
             logits = filter_logits(out.logits[:, -1, :].float(), decoding.temperature, decoding.top_k,
                                    decoding.top_p)
