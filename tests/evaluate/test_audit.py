@@ -13,7 +13,8 @@ from scipy.stats import binomtest
 from mistill.errors import UserError
 from mistill.evaluate import audit
 from mistill.evaluate.audit import ContrastiveEvent, Stratum
-from mistill.world.demo_notes import COURSE_RULED_OUT, rules_out
+from mistill.world.demo_notes import COURSE_RULED_OUT
+from mistill.world.demo_truth import rules_out
 from mistill.world.inventory import Inventory
 from mistill.world.types import Code, Note
 

@@ -286,14 +286,14 @@ def generator_label(event: ContrastiveEvent, note: Note, completion: str, invent
     """The demo's ground truth for one audited event, from what the note generator wrote.
 
     The generator puts a code's sibling into a note in two ways only: as a gold finding or as a
-    ruled-out alternative (`mistill.world.demo_notes.rules_out`).  A sibling the note names is a
+    ruled-out alternative (`mistill.world.demo_truth.rules_out`).  A sibling the note names is a
     candidate for the same condition, so setting it aside is a rejection (verified against the note,
     right or wrong); a sibling the note never names can only come from scanning the candidate
     block's lines, an enumeration, whatever words the trace dresses it in.  For events whose emitted
     code the trace's answer keeps; a sibling the answer keeps as well is both_endorsed, and an emitted
     code the answer drops (the code only enumerated) is other.
     """
-    from mistill.world.demo_notes import rules_out
+    from mistill.world.demo_truth import rules_out
 
     sibling = inventory[event.near_miss].description
     meaningful = clinically_meaningful(inventory[event.code].description, sibling)

@@ -25,7 +25,6 @@ train / val / test splits, as Edin et al.'s splits are.
 
 from __future__ import annotations
 
-import itertools
 import random
 import re
 from dataclasses import dataclass, field
@@ -154,21 +153,6 @@ class NoteGeneratorConfig:
             raise UserError(f"notes: second_note_share must lie in [0, 1], got {self.second_note_share}")
         if abs(sum(self.split_shares.values()) - 1) > 1e-9 or min(self.split_shares.values()) < 0:
             raise UserError(f"notes: split_shares must be non-negative and sum to 1, got {self.split_shares}")
-
-
-def rules_out(text: str, description: str) -> bool:
-    """Whether the generator wrote `description` into the note as a ruled-out alternative."""
-    return any(template.format(d=description) in text for template in COURSE_RULED_OUT)
-
-
-def description_variants(description: str, limit: int = 512) -> list[str]:
-    """Every way `paraphrase` can write `description` (the description itself first), up to `limit`."""
-    parts, last = [], 0
-    for match in _SYNONYM_RE.finditer(description):
-        parts += [(description[last:match.start()],), (match.group(0), *SYNONYMS[match.group(0)])]
-        last = match.end()
-    parts.append((description[last:],))
-    return ["".join(choice) for choice in itertools.islice(itertools.product(*parts), limit)]
 
 
 def paraphrase(description: str, rng: random.Random, prob: float) -> str:

@@ -8,7 +8,7 @@ Each reviewed proposal (A, B) becomes a case with four versions of its note:
 * order      the same words in another order (two evidence-free sections swapped).
 
 A's evidence spans are the note's whole-word occurrences of A's description and of every way the
-demo generator paraphrases it (`mistill.world.demo_notes.description_variants`): the words a reader
+demo generator paraphrases it (`mistill.world.demo_truth.description_variants`): the words a reader
 would point at for A.  Under the paper profile the flips are the author's (params
 `evidence_flip.authoring` names the directory of authored case files); under the demo the note
 generator authors them by the rule here, and the approval is a recorded rule (`approve`) with the
@@ -27,7 +27,8 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 
 from mistill.evaluate.audit import clinically_meaningful
-from mistill.world.demo_notes import EXAM_FINDINGS, RESULTS, SECTIONS, description_variants
+from mistill.world.demo_notes import EXAM_FINDINGS, RESULTS, SECTIONS
+from mistill.world.demo_truth import description_variants
 from mistill.world.inventory import Inventory
 from mistill.world.types import Note
 

@@ -83,9 +83,11 @@ class CaseReading:
         return float(np.mean([c == o for c, o in zip(self.v[control], self.v["original"])]))
 
 
-def readings(rows: Sequence[Mapping], cases: Mapping[str, tuple[str, str]]) -> dict[str, CaseReading]:
+def readings(rows: Sequence[Mapping], cases: Mapping[str, tuple[str, str]],
+             conditions: Sequence[str] = CONDITIONS) -> dict[str, CaseReading]:
     """case -> its reading, from generation rows {case, condition, sample, completion, valid}; `cases` maps
-    a case to (A, B).  Every case needs every condition at the same sample indices."""
+    a case to (A, B).  Every case needs each of `conditions` at the same sample indices."""
+    wanted = tuple(conditions)
     by_case: dict[str, dict[str, dict[int, int]]] = defaultdict(lambda: defaultdict(dict))
     invalid: dict[str, int] = defaultdict(int)
     for row in rows:
@@ -94,12 +96,12 @@ def readings(rows: Sequence[Mapping], cases: Mapping[str, tuple[str, str]]) -> d
                                                                            valid=bool(row["valid"]))
         invalid[row["case"]] += not row["valid"]
     out = {}
-    for case, conditions in by_case.items():
-        samples = sorted(conditions["original"])
-        missing = [c for c in CONDITIONS if sorted(conditions.get(c, {})) != samples]
+    for case, by_condition in by_case.items():
+        samples = sorted(by_condition["original"])
+        missing = [c for c in wanted if sorted(by_condition.get(c, {})) != samples]
         if missing:
             raise ValueError(f"case {case}: condition(s) {', '.join(missing)} lack the original's sample indices")
-        out[case] = CaseReading({c: [conditions[c][j] for j in samples] for c in CONDITIONS}, invalid[case])
+        out[case] = CaseReading({c: [by_condition[c][j] for j in samples] for c in wanted}, invalid[case])
     return out
 
 
