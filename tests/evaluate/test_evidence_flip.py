@@ -246,3 +246,112 @@ def test_detectable_effect_matches_statsmodels_normal_power():
     sd = float(np.std(diffs, ddof=1))
     effect = NormalIndPower().solve_power(nobs1=len(diffs), alpha=0.05, power=0.8, ratio=0)   # one-sample
     assert behaviour.detectable_effect(diffs) == pytest.approx(effect * sd, rel=1e-3)
+
+
+# ---- the causal half (R-D34) -----------------------------------------------------------------------------------
+
+from mistill.evaluate.evidence_flip import causal  # noqa: E402
+
+
+def test_token_spans_pick_every_token_overlapping_the_evidence():
+    offsets = [(0, 4), (4, 9), (9, 10), (10, 15), (15, 15), (15, 20)]
+    assert causal.token_spans(offsets, [[2, 5]], at=2) == [1]              # chars [4, 7): the second token
+    assert causal.token_spans(offsets, [[0, 2], [8, 13]], at=2) == [0, 3]  # [2, 4) and [10, 15); never an empty token
+    assert causal.token_spans(offsets, [[13, 14]], at=2) == [5]            # [15, 16): not the empty token at 15
+    assert causal.token_spans(offsets, [], at=0) == []
+
+
+def test_the_sham_is_token_matched_outside_the_evidence_and_seeded():
+    import random
+
+    offsets = [(i, i + 1) for i in range(40)]
+    target = [10, 11, 12]
+    sham = causal.sham_tokens(offsets, (5, 30), target, 3, random.Random("0:EF001:original"))
+    assert len(sham) == 3 and not set(sham) & set(target)
+    assert all(5 <= i < 30 for i in sham) and sham == list(range(sham[0], sham[0] + 3))   # contiguous
+    assert sham == causal.sham_tokens(offsets, (5, 30), target, 3, random.Random("0:EF001:original"))
+    assert causal.sham_tokens(offsets, (5, 30), [], 0, random.Random(0)) == []            # an empty mask stays empty
+
+
+def test_row_keys_find_the_evidence_tokens_of_the_note_in_its_chat_prompt():
+    from tests.instrument.conftest import QwenTextTokenizer
+
+    tokenizer = QwenTextTokenizer()
+    note = "history of chronic kidney disease stage 3 physical exam lungs clear abdomen soft nontender"
+    prompt = f"codes\nN18.3 chronic kidney disease stage 3\n\nDischarge summary:\n\n{note}\n\nanswer"
+    start = note.index("chronic")
+    keys = causal.row_keys(tokenizer, prompt, note, [[start, start + len("chronic kidney disease stage 3")]], "s")
+    chat = tokenizer.chat_prompt(prompt)
+    offsets = tokenizer.encode(chat).offsets
+    words = "".join(chat[offsets[i][0]:offsets[i][1]] for i in keys.target)
+    assert words.strip() == "chronic kidney disease stage 3"
+    at = chat.index(note)      # the inventory line's words are never the target: only the note's
+    assert all(offsets[i][0] >= at for i in keys.target + keys.sham)
+    assert len(keys.sham) == len(keys.target) and not set(keys.sham) & set(keys.target)
+
+
+def _reader(name):
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[2] / "readers" / f"{name}.py"
+    spec = importlib.util.spec_from_file_location(f"reader_{name}", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_r_d34_reads_target_minus_sham_the_interaction_and_the_offset_by_hand(tmp_path):
+    """Two cases, one sample: D per case is (v_original - v_flipped) / 2 from the hand-set answers."""
+    root = tmp_path / "EF"
+    cases_dir = root / "cases"
+    cases = ["EF001", "EF002"]
+    for case in cases:
+        write_json(cases_dir / "authored" / f"{case}.json", {"case": case, "note_id": "n1", "code": "N18.3",
+                                                             "partner": "N18.4", "irrelevant_words_short": 0})
+    write_json(cases_dir / "cohort_row.json", {"accepted_cases": cases})
+    freeze(cases_dir, "authored", [cases_dir / "authored" / f"{c}.json" for c in cases])
+    freeze(cases_dir, "reconciliation", [cases_dir / "cohort_row.json"])
+    answer = {1: '["N18.3"]', -1: '["N18.4"]', 0: "[]"}
+
+    def write(path, v):      # v: case -> (v original, v flipped)
+        write_jsonl(path, [{"note_id": f"{c}:{cond}:0", "case": c, "condition": cond, "sample": 0,
+                            "completion": answer[x], "valid": True}
+                           for c, (o, f) in v.items() for cond, x in (("original", o), ("flipped", f))])
+
+    # D: clean EF001 1, EF002 0.5; teacher sham EF001 1, EF002 0; target EF001 0, EF002 0.5
+    d_to_v = {1.0: (1, -1), 0.5: (1, 0), 0.0: (0, 0), -0.5: (0, 1)}
+    runs = {("teacher_named", "clean"): [1.0, 0.5], ("teacher_named", "sham"): [1.0, 0.0],
+            ("teacher_named", "target"): [0.0, 0.5], ("mistill", "clean"): [0.5, 0.5],
+            ("mistill", "sham"): [0.5, 0.0], ("mistill", "target"): [0.0, 0.0],
+            ("vanilla", "clean"): [0.5, 0.0], ("vanilla", "sham"): [0.5, 0.0], ("vanilla", "target"): [0.5, -0.5]}
+    for (name, mask), ds in runs.items():
+        write(root / "hf" / name / mask / "generations.jsonl", {c: d_to_v[d] for c, d in zip(cases, ds)})
+    write_json(root / "hf" / "teacher_named" / "masks.json",     # EF002's flipped side has an empty target mask
+               {"keys": {"EF001:original": {"target": 3, "sham": 3}, "EF001:flipped": {"target": 2, "sham": 2},
+                         "EF002:original": {"target": 3, "sham": 3}, "EF002:flipped": {"target": 0, "sham": 0}}})
+    write(root / "gen" / "teacher" / "generations.jsonl", {"EF001": (1, -1), "EF002": (1, -1)})   # D 1, 1
+    for cond in ("irrelevant", "order"):   # the behavioural half reads all four conditions
+        rows = [{"note_id": f"{c}:{cond}:0", "case": c, "condition": cond, "sample": 0, "completion": "[]",
+                 "valid": True} for c in cases]
+        path = root / "gen" / "teacher" / "generations.jsonl"
+        path.write_text(path.read_text() + "".join(json.dumps(r) + "\n" for r in rows))
+    params = {"name": "test", "evidence_flip": {"out_dir": str(root), "rules": RULES, "development": [],
+                                                "excluded_splits": [], "authoring": "generator", "approval": "rule",
+                                                "student": "qwen", "precision": "bf16",
+                                                "causal": {"conditions": ["original", "flipped"], "sets": {
+                                                    "teacher_named": {}, "mistill": {}, "vanilla": {}}}},
+              "stats": {"bootstrap_resamples": 200}}
+    values, _ = _reader("r_d34").compute_values(params)
+    # target minus sham = mean over cases of D_sham - D_target
+    assert values["target_minus_sham_teacher_named_pair"]["value"] == pytest.approx(((1 - 0) + (0 - 0.5)) / 2)
+    assert values["target_minus_sham_mistill"]["value"] == pytest.approx(((0.5 - 0) + (0 - 0)) / 2)
+    assert values["target_minus_sham_vanilla"]["value"] == pytest.approx(((0.5 - 0.5) + (0 + 0.5)) / 2)
+    # L = G_sham - G_target per case: EF001 (0.5-0.5)-(0-0.5) = 0.5; EF002 (0-0)-(0+0.5) = -0.5
+    assert values["interaction_l"]["value"] == pytest.approx(0.0)
+    assert values["sensitivity_cases"]["value"] == 1          # EF002's empty flipped-side mask leaves it out
+    assert "interaction_l_29_cases" not in values             # one case has no bootstrap
+    assert values["target_minus_sham_teacher_named_pair_29_cases"]["value"] == pytest.approx(1.0)
+    # the execution path: behavioural D (1, 1) minus clean HF D (1, 0.5)
+    assert values["teacher_execution_path_offset"]["value"] == pytest.approx(0.25)
+    assert values["teacher_d_hf_path"]["value"] == pytest.approx(0.75)

@@ -24,7 +24,7 @@ def test_paper_only_results_are_marked_paper(registry):
     for rid in ("R-D37", "R-D41", "R-D46"):
         assert registry.results[rid].status == "paper"
     # ... while the human-in-the-loop results run on it with the note generator's labels and flips
-    for rid in ("R-C9", "R-D33", "R-D35"):
+    for rid in ("R-C9", "R-D33", "R-D34", "R-D35"):
         assert registry.results[rid].status == "demo"
 
 

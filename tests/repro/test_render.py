@@ -18,7 +18,7 @@ TABLE_IDS = {"table1": ["R-C3"],
              "table9": ["R-C8"], "table15": ["R-C13"], "table35": ["R-C7"], "table38": ["R-D19"],
              "table16": ["R-C5"], "table17": ["R-C5"], "table18": ["R-C5"], "table19": ["R-C5"],
              "table20": ["R-C10"], "table21": ["R-C11"], "table22": ["R-D28"], "table23": ["R-C11"],
-             "table5": ["R-C9"], "table24": ["R-C9"], "table54": ["R-D33"]}
+             "table5": ["R-C9"], "table24": ["R-C9"], "table54": ["R-D33"], "table55": ["R-D34"]}
 # App. A's K sweep was lost in the extraction: no expected values, so the fixture writes its own
 K_SWEEP = {"k_sweep_k": [200, 1000], "k_sweep_completed_recall_validation": [0.81, 0.903],
            "k_sweep_completed_recall_test": [0.85, 0.936], "k_sweep_completed_recall_corpus": [0.84, 0.939],

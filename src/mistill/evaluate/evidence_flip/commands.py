@@ -291,7 +291,105 @@ def cmd_ef_generate(args) -> int:
     return 0
 
 
+def cmd_ef_keymask(args) -> int:
+    """One nominated head set's answers with a decode-time key mask on evidence or sham keys (App. N.4; R-D34)."""
+    from tqdm import tqdm
+
+    from mistill.evaluate.evidence_flip import causal
+    from mistill.evaluate.evidence_flip.cohort import CohortRules
+    from mistill.evaluate.generate_commands import note_seed
+    from mistill.instrument.keymask import decode_key_mask
+    from mistill.io import read_jsonl, write_json
+    from mistill.models.fingerprint import model_fingerprint
+    from mistill.models.generation import Decoding, completion_of
+    from mistill.models.loading import ModelSpec, load_model, set_threads
+    from mistill.models.sampling import sample_rows
+    from mistill.models.trace_rows import ResumableRows, input_key
+    from mistill.models.world_files import data_dir
+    from mistill.world.answers import parse_answer
+    from mistill.world.inventory import format_line, load_inventory
+    from mistill.world.prompt import build_prompt
+
+    params = _params()
+    settings = FlipSettings.from_params(params)
+    rules = CohortRules.from_params(params)
+    section = params["evidence_flip"].get("causal") or {}
+    where = f"params.yaml {params.get('name', '<profile>')}.evidence_flip.causal.sets.{args.set}"
+    spec_row = (section.get("sets") or {}).get(args.set)
+    if not isinstance(spec_row, dict):
+        raise UserError(f"{where}: no such head set")
+    models = params["models"]
+    set_threads(models, args.threads)
+    inventory = load_inventory(data_dir(params) / "inventory.jsonl")
+    shortlist_path = settings.cohort_dir / "shortlists.jsonl"
+    from mistill.evaluate.evidence_flip.freeze import verify
+
+    verify(settings.cohort_dir, [shortlist_path])
+    shortlists = {r["note_id"]: r["codes"] for r in read_jsonl(shortlist_path)}
+    cases = accepted_cases(settings)
+    # the HF path on every profile: the mask needs the model's own attention layers
+    spec = ModelSpec.from_params(models, str(models.get(spec_row["model"], spec_row["model"])),
+                                 base=spec_row.get("base", "teacher"), attn_implementation="sdpa")
+    model, tokenizer = load_model(spec)
+    heads = causal.nominated_heads(spec_row, params, model.config.num_hidden_layers,
+                                   model.config.num_attention_heads, where)
+    model_sha256 = model_fingerprint(spec)
+    decoding = Decoding.from_params(params["decoding"])
+    base_seed = int(params["seeds"]["decoding"])
+    conditions = list(section.get("conditions") or ["original", "flipped"])
+    jobs = {}
+    for case in cases:
+        lines = [format_line(c) for c in inventory.restrict({*shortlists[case["note_id"]], case["partner"]})]
+        for condition in conditions:
+            text = case["texts"][condition]
+            prompt = build_prompt(text, lines)
+            evidence = case["evidence"]["flipped" if condition == "flipped" else "original"] \
+                if condition in ("original", "flipped") else []
+            keys = causal.row_keys(tokenizer, prompt, text, evidence, f"{rules.seed}:{case['case']}:{condition}")
+            for sample in range(rules.samples):
+                jobs[(case["case"], condition, sample)] = (prompt, note_seed(base_seed, f"{case['case']}:{sample}"), keys)
+    masks = [m for m in causal.MASKS if m != "clean" or spec_row.get("clean", True)]
+    out_dir = settings.out_dir / "hf" / args.set
+    summary = {"heads": [list(h) for h in heads], "conditions": conditions, "masks": masks, "keys": {}}
+    for mask in masks:
+        keyed = {f"{c}:{cond}:{j}": job for (c, cond, j), job in jobs.items()}
+        rows = ResumableRows(out_dir / mask / "generations.jsonl", {
+            k: input_key(model_sha256=model_sha256, prompt=job[0], decoding=decoding.as_dict(), seed=job[1],
+                         heads=summary["heads"] if mask != "clean" else [],
+                         keys=list(getattr(job[2], mask)) if mask != "clean" else [])
+            for k, job in keyed.items()})
+        todo = rows.todo()
+        with rows:
+            for start in tqdm(range(0, len(todo), args.batch), desc=f"key mask {args.set} {mask}", unit="batch"):
+                batch = todo[start:start + args.batch]
+                context = None if mask == "clean" else decode_key_mask(
+                    model, heads, [getattr(keyed[k][2], mask) for k in batch])
+                sampled = sample_rows(model, tokenizer, [keyed[k][0] for k in batch], [keyed[k][1] for k in batch],
+                                      decoding, decode_context=context)
+                for key, new_ids in zip(batch, sampled):
+                    case_id, condition, sample = key.split(":")
+                    gen = completion_of(keyed[key][0], new_ids, tokenizer, keyed[key][1])
+                    parsed = parse_answer(gen.completion, inventory, hit_cap=gen.hit_cap)
+                    rows.add({"note_id": key, "case": case_id, "condition": condition, "sample": int(sample),
+                              "completion": gen.completion, "valid": parsed.valid, "hit_cap": gen.hit_cap,
+                              "seed": keyed[key][1], "mask": mask, "model_sha256": model_sha256})
+        rows.finish()
+    summary["keys"] = {f"{c}:{cond}": {"target": len(job[2].target), "sham": len(job[2].sham)}
+                       for (c, cond, j), job in jobs.items() if j == 0}
+    write_json(out_dir / "masks.json", summary)
+    print(f"evidence flip: key mask {args.set}: {len(heads)} heads, {len(jobs)} answers per mask "
+          f"({', '.join(masks)}) -> {out_dir}")
+    return 0
+
+
 def register(subparsers) -> None:
+    p = subparsers.add_parser("ef-keymask", help="one nominated head set's evidence-flip answers under a decode-time "
+                                                 "key mask (App. N.4)")
+    p.add_argument("--set", required=True, help="a head set of params evidence_flip.causal.sets")
+    p.add_argument("--batch", type=int, default=16, help="prompts sampled together (changes the time, never an answer)")
+    p.add_argument("--threads", type=int, help="intra-op threads (default: params models.threads)")
+    p.set_defaults(func=cmd_ef_keymask)
+
     p = subparsers.add_parser("ef-generate", help="one checkpoint's answers to the evidence-flip cases under every "
                                                   "condition (App. N.3)")
     p.add_argument("--arm", required=True, help="the checkpoint's label (its directory under <out_dir>/gen)")
