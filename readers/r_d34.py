@@ -36,7 +36,7 @@ def keys(params: dict) -> list[str]:
     return [*out, "interaction_l", "interaction_l_interval", "interaction_l_29_cases", "interaction_l_29_cases_interval",
             "teacher_execution_path_offset", "teacher_execution_path_offset_interval", "teacher_d_hf_path",
             "student_offsets", "interaction_sd_and_detectable", "per_arm_detectable_range",
-            "mistill_sham_target_d_drop", "sensitivity_cases", "table55"]
+            "mistill_sham_target_d_drop", "sensitivity_cases", *(f"{name}_delta_d" for name in CONTRASTS)]
 
 
 def compute_values(params: dict) -> tuple[dict, list[Path]]:
@@ -74,9 +74,9 @@ def compute_values(params: dict) -> tuple[dict, list[Path]]:
         return bootstrap_mean(values, n_resamples=stats.bootstrap_resamples, seed=stats.bootstrap_seed,
                               confidence=stats.confidence)
 
-    v: dict[str, dict] = {"sensitivity_cases": value(len(complete), "count of cases with non-empty target masks on "
-                                                     "both sides, as long as their sham", art)}
-    contrast_sd, table = {}, []
+    v: dict[str, dict] = {"sensitivity_cases": value(len(complete), "count of cases whose target masks are non-empty "
+                                                     "and match their sham", art)}
+    contrast_sd = {}
     for name, key in CONTRASTS.items():
         got = d.get(name, {})
         if not {"sham", "target", "clean"} <= set(got):
@@ -93,14 +93,12 @@ def compute_values(params: dict) -> tuple[dict, list[Path]]:
             v[f"{key}_29_cases"] = value(float(np.mean(sub)), f"the same over the {len(sub)} sensitivity cases", art)
         contrast_sd[name] = detectable_effect(diff)
         clean = float(np.mean([got["clean"][c] for c in common]))
-        table.append([clean, clean - float(np.mean([got["sham"][c] for c in common])),
-                      clean - float(np.mean([got["target"][c] for c in common])), est.estimate])
+        v[f"{name}_delta_d"] = value([clean, clean - float(np.mean([got["sham"][c] for c in common])),
+                                      clean - float(np.mean([got["target"][c] for c in common]))],
+                                     f"[D clean, Delta D sham, Delta D target], mean over {len(common)} cases", art)
     if contrast_sd:
         v["per_arm_detectable_range"] = value([min(contrast_sd.values()), max(contrast_sd.values())],
                                               "smallest and largest approx. detectable effect of the contrasts", art)
-    if table:
-        v["table55"] = value([x for row in table for x in row], "per set in params order: [D clean, Delta D sham, "
-                             "Delta D target, target minus sham]", art)
     m, va = d.get("mistill", {}), d.get("vanilla", {})
     if {"sham", "target"} <= set(m) and {"sham", "target"} <= set(va):
         common = sorted(set(m["sham"]) & set(m["target"]) & set(va["sham"]) & set(va["target"]))
