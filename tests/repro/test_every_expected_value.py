@@ -122,7 +122,13 @@ def test_invariants_are_checked_by_their_own_tolerance():
                                ("R-C2", "all_heads_knockin_minus_clean_margin"),
                                ("R-C2", "all_heads_knockin_minus_clean_max_abs"),
                                ("R-D6", "own_all_heads_knockin_minus_clean_max_abs"),
-                               ("R-D16", "gate_largest_difference"), ("R-D16", "crosshw_same_top_k_phases")}
+                               ("R-D16", "gate_largest_difference"), ("R-D16", "crosshw_same_top_k_phases"),
+                               ("R-D34", "teacher_execution_path_offset"),
+                               ("R-D34", "teacher_execution_path_offset_interval"), ("R-D34", "student_offsets")}
+    # one sampler for both halves of the evidence-flip test: every execution-path offset is zero, exactly
+    for key in ("teacher_execution_path_offset_interval", "student_offsets"):
+        offsets = invariants.pop(("R-D34", key))
+        assert offsets.value == [0, 0] and offsets.tolerance.exact
     same_top_k = invariants.pop(("R-D16", "crosshw_same_top_k_phases"))
     assert same_top_k.value == 3 and same_top_k.tolerance.exact       # every phase of P1, P2, P2C
     assert {exp.value for exp in invariants.values()} == {0}
