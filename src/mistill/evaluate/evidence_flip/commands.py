@@ -222,23 +222,37 @@ def accepted_cases(settings: FlipSettings) -> list[dict]:
     return [read_json(p, "authored case") for p in paths]
 
 
+def case_inputs(params: dict, settings: FlipSettings):
+    """(inventory, accepted cases, candidate lines per case) for the stages that answer the cases: the drawn
+    note's shortlist with B added where the retriever left it out, the same lines under every condition."""
+    from mistill.evaluate.evidence_flip.freeze import verify
+    from mistill.io import read_jsonl
+    from mistill.models.world_files import data_dir
+    from mistill.world.inventory import format_line, load_inventory
+
+    inventory = load_inventory(data_dir(params) / "inventory.jsonl")
+    shortlist_path = settings.cohort_dir / "shortlists.jsonl"
+    verify(settings.cohort_dir, [shortlist_path])
+    shortlists = {r["note_id"]: r["codes"] for r in read_jsonl(shortlist_path)}
+    cases = accepted_cases(settings)
+    lines = {c["case"]: [format_line(code) for code in inventory.restrict({*shortlists[c["note_id"]], c["partner"]})]
+             for c in cases}
+    return inventory, cases, lines
+
+
 def cmd_ef_generate(args) -> int:
     """One checkpoint's answers to every accepted case under every condition (App. N.1, N.3; R-D33)."""
     from tqdm import tqdm
 
     from mistill.evaluate.evidence_flip.behaviour import CONDITIONS
     from mistill.evaluate.evidence_flip.cohort import CohortRules
-    from mistill.evaluate.evidence_flip.freeze import verify
     from mistill.evaluate.generate_commands import note_seed
-    from mistill.io import read_jsonl
     from mistill.models.fingerprint import model_fingerprint
     from mistill.models.generation import Decoding, generate
     from mistill.models.loading import ModelSpec, load_model, set_threads
     from mistill.models.trace_rows import ResumableRows, input_key
     from mistill.models.vllm_backend import EngineSettings
-    from mistill.models.world_files import data_dir
     from mistill.world.answers import parse_answer
-    from mistill.world.inventory import format_line, load_inventory
     from mistill.world.prompt import build_prompt
 
     params = _params()
@@ -246,11 +260,7 @@ def cmd_ef_generate(args) -> int:
     rules = CohortRules.from_params(params)
     models = params["models"]
     set_threads(models, args.threads)
-    inventory = load_inventory(data_dir(params) / "inventory.jsonl")
-    shortlist_path = settings.cohort_dir / "shortlists.jsonl"
-    verify(settings.cohort_dir, [shortlist_path])
-    shortlists = {r["note_id"]: r["codes"] for r in read_jsonl(shortlist_path)}
-    cases = accepted_cases(settings)
+    inventory, cases, lines = case_inputs(params, settings)
     attn = models.get("generation_attn_implementation") or models.get("attn_implementation", "eager")
     spec = ModelSpec.from_params(models, str(models.get(args.model, args.model)), base=args.base,
                                  attn_implementation=attn)
@@ -259,10 +269,8 @@ def cmd_ef_generate(args) -> int:
     base_seed = int(params["seeds"]["decoding"])
     jobs = {}
     for case in cases:
-        # the drawn note's shortlist, B added where the retriever left it out: the same lines every condition
-        lines = [format_line(c) for c in inventory.restrict({*shortlists[case["note_id"]], case["partner"]})]
         for condition in CONDITIONS:
-            prompt = build_prompt(case["texts"][condition], lines)
+            prompt = build_prompt(case["texts"][condition], lines[case["case"]])
             for sample in range(rules.samples):
                 seed = note_seed(base_seed, f"{case['case']}:{sample}")   # shared by conditions and checkpoints
                 jobs[f"{case['case']}:{condition}:{sample}"] = (case, condition, sample, prompt, seed)
@@ -299,15 +307,13 @@ def cmd_ef_keymask(args) -> int:
     from mistill.evaluate.evidence_flip.cohort import CohortRules
     from mistill.evaluate.generate_commands import note_seed
     from mistill.instrument.keymask import decode_key_mask
-    from mistill.io import read_jsonl, write_json
+    from mistill.io import write_json
     from mistill.models.fingerprint import model_fingerprint
     from mistill.models.generation import Decoding, completion_of
     from mistill.models.loading import ModelSpec, load_model, set_threads
     from mistill.models.sampling import sample_rows
     from mistill.models.trace_rows import ResumableRows, input_key
-    from mistill.models.world_files import data_dir
     from mistill.world.answers import parse_answer
-    from mistill.world.inventory import format_line, load_inventory
     from mistill.world.prompt import build_prompt
 
     params = _params()
@@ -320,13 +326,7 @@ def cmd_ef_keymask(args) -> int:
         raise UserError(f"{where}: no such head set")
     models = params["models"]
     set_threads(models, args.threads)
-    inventory = load_inventory(data_dir(params) / "inventory.jsonl")
-    shortlist_path = settings.cohort_dir / "shortlists.jsonl"
-    from mistill.evaluate.evidence_flip.freeze import verify
-
-    verify(settings.cohort_dir, [shortlist_path])
-    shortlists = {r["note_id"]: r["codes"] for r in read_jsonl(shortlist_path)}
-    cases = accepted_cases(settings)
+    inventory, cases, lines = case_inputs(params, settings)
     # the HF path on every profile: the mask needs the model's own attention layers
     spec = ModelSpec.from_params(models, str(models.get(spec_row["model"], spec_row["model"])),
                                  base=spec_row.get("base", "teacher"), attn_implementation="sdpa")
@@ -339,10 +339,9 @@ def cmd_ef_keymask(args) -> int:
     conditions = list(section.get("conditions") or ["original", "flipped"])
     jobs = {}
     for case in cases:
-        lines = [format_line(c) for c in inventory.restrict({*shortlists[case["note_id"]], case["partner"]})]
         for condition in conditions:
             text = case["texts"][condition]
-            prompt = build_prompt(text, lines)
+            prompt = build_prompt(text, lines[case["case"]])
             evidence = case["evidence"]["flipped" if condition == "flipped" else "original"] \
                 if condition in ("original", "flipped") else []
             keys = causal.row_keys(tokenizer, prompt, text, evidence, f"{rules.seed}:{case['case']}:{condition}")
