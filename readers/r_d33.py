@@ -38,13 +38,12 @@ def _arm(settings: FlipSettings, params: dict, objective: str, seed: int) -> str
     return f"student-{section['student']}-{objective}-{section['precision']}-s{seed}"
 
 
-def checkpoints(settings: FlipSettings, params: dict) -> dict[str, str]:
-    """Table 54 row -> its generations' directory label: the teacher, then the primary pair's seeds."""
-    out = {"teacher": "teacher"}
-    for objective in ("mistill", "vanilla"):
-        for seed in params["distill"]["seeds"]:
-            out[f"{objective}_s{seed}"] = _arm(settings, params, objective, seed)
-    return out
+def checkpoints(settings: FlipSettings, params: dict) -> dict[str, list[str]]:
+    """Table 54 row group -> its checkpoints' generation labels: the teacher, then the primary pair's arms
+    with one checkpoint per seed of distill.seeds (in that order)."""
+    return {"teacher": ["teacher"],
+            **{objective: [_arm(settings, params, objective, seed) for seed in params["distill"]["seeds"]]
+               for objective in ("mistill", "vanilla")}}
 
 
 def keys(params: dict) -> list[str]:
@@ -54,7 +53,7 @@ def keys(params: dict) -> list[str]:
             "primary_delta_d_sign_test", "detectable_delta", "teacher_flipped_answers_b", "teacher_paired_success",
             "bf16_mistill_d_seeds", "bf16_vanilla_d_seeds", "bf16_mistill_follow_flip", "bf16_mistill_paired_success",
             "pooled_per_case_diff_sd", "preregistered_min_effect", "control_sensitivity_max", "cases",
-            *(f"table54_{row}" for row in rows)]
+            *(f"table54_{group}" for group in rows)]
 
 
 def table54_row(reading_by_case: dict, control_cases: list[str]) -> list[float]:
@@ -81,11 +80,14 @@ def compute_values(params: dict) -> tuple[dict, list[Path]]:
     control_cases = sorted(c["case"] for c in cases if c["irrelevant_words_short"] == 0)
     gen_dir = settings.out_dir / "gen"
     read, inputs = {}, [settings.cases_dir / "cohort_row.json"]
-    for row, label in checkpoints(settings, params).items():
-        path = gen_dir / label / "generations.jsonl"
-        if path.exists():
-            read[row] = readings([r for r in read_jsonl(path) if r["case"] in pairs], pairs)
-            inputs.append(path)
+    groups = checkpoints(settings, params)
+    for group, labels in groups.items():
+        for seed, label in zip(params["distill"]["seeds"] if group != "teacher" else [None], labels):
+            path = gen_dir / label / "generations.jsonl"
+            if path.exists():
+                row = group if seed is None else f"{group}_s{seed}"
+                read[row] = readings([r for r in read_jsonl(path) if r["case"] in pairs], pairs)
+                inputs.append(path)
     art = f"{gen_dir}/*/generations.jsonl"
     v: dict[str, dict] = {
         "cases": value(len(cases), "count of accepted cases", art),
@@ -95,9 +97,14 @@ def compute_values(params: dict) -> tuple[dict, list[Path]]:
         return bootstrap_mean(values, n_resamples=stats.bootstrap_resamples, seed=stats.bootstrap_seed,
                               confidence=stats.confidence)
 
-    for row, by_case in read.items():
-        v[f"table54_{row}"] = value(table54_row(by_case, control_cases),
-                                    f"mean over {len(by_case)} cases: [" + ", ".join(TABLE54) + "]", art)
+    # one key per row group: the teacher's row, or the arm's rows seed after seed (12 values each), so the
+    # keys do not depend on how many seeds a profile trains
+    for group in groups:
+        rows = [table54_row(by_case, control_cases) for row, by_case in read.items()
+                if row == group or row.startswith(f"{group}_s")]
+        if rows:
+            v[f"table54_{group}"] = value([x for r in rows for x in r], f"per checkpoint, seeds in order, mean over "
+                                          f"{len(cases)} cases: [" + ", ".join(TABLE54) + "]", art)
     if "teacher" in read:
         teacher = read["teacher"]
         d = interval([x.d for x in teacher.values()])
