@@ -49,12 +49,15 @@ def keys(params: dict) -> list[str]:
 def realised_rows(m6_dir: Path, audited: dict[str, ContrastiveEvent]) -> dict[str, dict]:
     """item -> the arm's knock-in row (patch2.jsonl) at the audited event, where the arm realises it."""
     rows_by_note = knockin_rows(m6_dir)
+    # the arm's P2C positions by anchor, one read of each note's events
+    positions = {note: {int(e["anchor"]): e["pos"] for e in read_jsonl(m6_dir / note / "events.jsonl")
+                        if e["kind"] == "P2C"}
+                 for note in {e.note_id for e in audited.values()} if note in rows_by_note}
     out = {}
     for item, event in audited.items():
         if event.note_id not in rows_by_note:
             continue
-        events = read_jsonl(m6_dir / event.note_id / "events.jsonl")
-        pos = next((e["pos"] for e in events if e["kind"] == "P2C" and int(e["anchor"]) == event.anchor), None)
+        pos = positions[event.note_id].get(event.anchor)
         row = next((r for r in rows_by_note[event.note_id] if r["kind"] == "P2C" and r["pos"] == pos), None)
         if row is not None:
             out[item] = row

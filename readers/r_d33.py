@@ -22,7 +22,7 @@ from mistill.evaluate.evidence_flip.behaviour import (
     readings,
 )
 from mistill.evaluate.evidence_flip.cohort import CohortRules
-from mistill.evaluate.evidence_flip.commands import FlipSettings, accepted_cases
+from mistill.evaluate.evidence_flip.commands import FlipSettings, accepted_cases, primary_arm
 from mistill.instrument.readout import run_reader, value
 from mistill.io import read_jsonl
 from mistill.stats import StatsParams, bootstrap_mean, sign_test
@@ -33,21 +33,16 @@ TABLE54 = ("D", "s", "follow original (A-only)", "follow flipped (B-only)", "pai
            "losing A", "adopting B")
 
 
-def _arm(settings: FlipSettings, params: dict, objective: str, seed: int) -> str:
-    section = params["evidence_flip"]
-    return f"student-{section['student']}-{objective}-{section['precision']}-s{seed}"
-
-
-def checkpoints(settings: FlipSettings, params: dict) -> dict[str, list[str]]:
+def checkpoints(params: dict) -> dict[str, list[str]]:
     """Table 54 row group -> its checkpoints' generation labels: the teacher, then the primary pair's arms
     with one checkpoint per seed of distill.seeds (in that order)."""
     return {"teacher": ["teacher"],
-            **{objective: [_arm(settings, params, objective, seed) for seed in params["distill"]["seeds"]]
+            **{objective: [primary_arm(params, objective, seed) for seed in params["distill"]["seeds"]]
                for objective in ("mistill", "vanilla")}}
 
 
 def keys(params: dict) -> list[str]:
-    rows = checkpoints(FlipSettings.from_params(params), params)
+    rows = checkpoints(params)
     return ["teacher_directional_sensitivity_d", "teacher_directional_sensitivity_d_interval",
             "primary_delta_d_mistill_minus_vanilla_bf16", "primary_delta_d_mistill_minus_vanilla_bf16_interval",
             "primary_delta_d_sign_test", "detectable_delta", "teacher_flipped_answers_b", "teacher_paired_success",
@@ -80,7 +75,7 @@ def compute_values(params: dict) -> tuple[dict, list[Path]]:
     control_cases = sorted(c["case"] for c in cases if c["irrelevant_words_short"] == 0)
     gen_dir = settings.out_dir / "gen"
     read, inputs = {}, [settings.cases_dir / "cohort_row.json"]
-    groups = checkpoints(settings, params)
+    groups = checkpoints(params)
     for group, labels in groups.items():
         for seed, label in zip(params["distill"]["seeds"] if group != "teacher" else [None], labels):
             path = gen_dir / label / "generations.jsonl"

@@ -17,7 +17,7 @@ from pathlib import Path
 import numpy as np
 
 from mistill.evaluate.evidence_flip.behaviour import detectable_effect, readings
-from mistill.evaluate.evidence_flip.commands import FlipSettings, accepted_cases
+from mistill.evaluate.evidence_flip.commands import FlipSettings, accepted_cases, primary_arm
 from mistill.instrument.readout import run_reader, value
 from mistill.io import read_json, read_jsonl
 from mistill.stats import StatsParams, bootstrap_mean
@@ -25,8 +25,6 @@ from mistill.stats import StatsParams, bootstrap_mean
 READER = "readers/r_d34.py"
 CONTRASTS = {"teacher_named": "target_minus_sham_teacher_named_pair", "teacher_top": "target_minus_sham_teacher_top40",
              "mistill": "target_minus_sham_mistill", "vanilla": "target_minus_sham_vanilla"}
-BEHAVIOUR_LABEL = {"teacher_named": "teacher", "mistill": "student-{student}-mistill-{precision}-s0",
-                   "vanilla": "student-{student}-vanilla-{precision}-s0"}
 
 
 def keys(params: dict) -> list[str]:
@@ -123,8 +121,10 @@ def compute_values(params: dict) -> tuple[dict, list[Path]]:
                 "Delta D [sham, target], mean over cases", art)
     # the execution path: D of the behavioural half's answers minus D of the clean HF answers, per case
     offsets = {}
-    for name, label in BEHAVIOUR_LABEL.items():
-        path = settings.out_dir / "gen" / label.format(**section) / "generations.jsonl"
+    behaviour_labels = {"teacher_named": "teacher", "mistill": primary_arm(params, "mistill", 0),
+                        "vanilla": primary_arm(params, "vanilla", 0)}
+    for name, label in behaviour_labels.items():
+        path = settings.out_dir / "gen" / label / "generations.jsonl"
         clean = d.get(name, {}).get("clean")
         if not path.exists() or not clean:
             continue

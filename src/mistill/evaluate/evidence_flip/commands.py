@@ -222,6 +222,13 @@ def accepted_cases(settings: FlipSettings) -> list[dict]:
     return [read_json(p, "authored case") for p in paths]
 
 
+def primary_arm(params: dict, objective: str, seed: int) -> str:
+    """The answers' label (`<out_dir>/gen/<label>`, the EF-generate-* stages' --arm) of one checkpoint of the
+    locked primary pair: params evidence_flip's student at its precision, `objective` mistill or vanilla."""
+    section = params["evidence_flip"]
+    return f"student-{section['student']}-{objective}-{section['precision']}-s{seed}"
+
+
 def case_inputs(params: dict, settings: FlipSettings):
     """(inventory, accepted cases, candidate lines per case) for the stages that answer the cases: the drawn
     note's shortlist with B added where the retriever left it out, the same lines under every condition."""
