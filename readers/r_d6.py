@@ -6,6 +6,13 @@ and the teacher's shortlist knock-in (evaluate.own_heads.teacher_faithfulness); 
 R-D6 keys that the artifacts present can give through mistill.repro.numbers.write_numbers.  Keys
 keep the paper's names (k40, random40); under a profile with fewer heads the set sizes are the
 profile's (evaluate.own_heads.bins, teacher_k) and each value's statistic says which k it is.
+
+Besides the paper's keys, every arm row writes its own per-seed cells of Table 3, whatever the profile's
+seeds: `<row>_own_<phase>_seeds` (median over test notes of the own top-k knock-in recovery, per seed),
+`<row>_m2_lift_p2c_seeds` and `<row>_prefix_share_p2c_seeds` (the own top read-side heads at P2C, per seed),
+the mean over seeds of the three P2C cells (`<row>_own_p2c_seed_mean`, ...), and the teacher's HD-002 row
+at P1 and P2.  The table reads the paper's seed-grid results (R-D12, R-D15,
+R-D27) where they exist and these cells otherwise.
 """
 
 from __future__ import annotations
@@ -13,10 +20,13 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import numpy as np
+
 from mistill.errors import UserError
 from mistill.evaluate.compare import arm_values, clustered, seed_dirs, seed_medians
 from mistill.evaluate.own_heads import OwnHeadsConfig
 from mistill.evaluate.readout import main_for
+from mistill.io import read_json
 from mistill.stats import StatsParams
 
 READER = "readers/r_d6.py"
@@ -43,7 +53,18 @@ def keys(params: dict) -> list[str]:
         out += ["qwen_m2_mistill_minus_fp32_vanilla_p2c", "qwen_m2_mistill_minus_fp32_vanilla_p1"]
     out += ["smollm_bf16_vanilla_own_p2c"] if "smollm_vanilla_bf16" in labels else []
     out += ["smollm_fp32_vanilla_own_p2c_seeds"] if "smollm_vanilla_fp32" in labels else []
-    return out
+    out += ["teacher_hd002_p1_k40", "teacher_hd002_p2_k40"]
+    return out + [key for row in params["evaluate"]["own_heads"].get("arms") or {} for key in row_keys(row)]
+
+
+PHASES = ("P1", "P2", "P2C")
+
+
+def row_keys(row: str) -> list[str]:
+    """The per-seed Table 3 cells of one arm row (params evaluate.own_heads.arms)."""
+    per_seed = [*(f"{row}_own_{phase.lower()}_seeds" for phase in PHASES),
+                f"{row}_m2_lift_p2c_seeds", f"{row}_prefix_share_p2c_seeds"]
+    return per_seed + [f"{row}_{cell}_p2c_seed_mean" for cell in ("own", "m2_lift", "prefix_share")]
 
 
 def _value(v, statistic: str, artifact) -> dict:
@@ -103,16 +124,19 @@ def compute_values(params: dict) -> tuple[dict, list[Path]]:
     teacher_path = Path(section.get("teacher_faithfulness", ""))
     if teacher_path.is_file():
         tk = str(section.get("teacher_k"))
-        cell = json.loads(teacher_path.read_text()).get("phases", {}).get("P2C", {}).get("bins", {}).get(tk, {})
-        teacher = cell.get("knockin", {}).get("top", {}).get("median")
-        if teacher is not None:
-            inputs.append(teacher_path)
-            v["teacher_hd002_p2c_k40"] = _value(teacher, f"median over notes, teacher global top-{tk} (P2C)",
-                                                teacher_path)
-            if "untrained_qwen_own_p2c_k40" in v and teacher:
-                v["untrained_qwen_share_of_teacher"] = _value(
-                    100.0 * v["untrained_qwen_own_p2c_k40"]["value"] / teacher,
-                    "percent: untrained own top-k P2C recovery over the teacher's", teacher_path)
+        phases = json.loads(teacher_path.read_text()).get("phases", {})
+        inputs.append(teacher_path)
+        for phase in PHASES:
+            cell = phases.get(phase, {}).get("bins", {}).get(tk, {})
+            teacher = cell.get("knockin", {}).get("top", {}).get("median")
+            if teacher is not None:
+                v[f"teacher_hd002_{phase.lower()}_k40"] = _value(
+                    teacher, f"median over notes, teacher global top-{tk} ({phase})", teacher_path)
+        teacher = v.get("teacher_hd002_p2c_k40", {}).get("value")
+        if "untrained_qwen_own_p2c_k40" in v and teacher:
+            v["untrained_qwen_share_of_teacher"] = _value(
+                100.0 * v["untrained_qwen_own_p2c_k40"]["value"] / teacher,
+                "percent: untrained own top-k P2C recovery over the teacher's", teacher_path)
 
     diff_stat = ("note-clustered mean over notes of the per-note mean seed-matched difference "
                  f"(own top-{k} recovery; bootstrap {stats.bootstrap_resamples}, seed {stats.bootstrap_seed})")
@@ -153,7 +177,38 @@ def compute_values(params: dict) -> tuple[dict, list[Path]]:
             v["smollm_fp32_vanilla_own_p2c_seeds"] = _value(
                 [per_seed[s] for s in sorted(per_seed)], f"per-seed medians over notes, seeds {sorted(per_seed)}",
                 where("smollm_vanilla_fp32"))
+    for row in present:
+        v.update(_row_cells(row, root, present[row][0], cfg, k))
     return v, inputs
+
+
+def _row_cells(row: str, root: Path, label: str, cfg: OwnHeadsConfig, k: int) -> dict:
+    """One arm row's per-seed Table 3 cells (keys `row_keys(row)`), for the seeds its artifacts hold."""
+    out = {}
+    where = f"{root}/M6/{label}-s*"
+    for phase in PHASES:
+        per_seed = seed_medians(arm_values(root, label, "m4", phase=phase, k=k, min_range=cfg.min_range))
+        medians = per_seed["per_seed_median"]
+        if medians:
+            out[f"{row}_own_{phase.lower()}_seeds"] = _value(
+                [medians[s] for s in sorted(medians)],
+                f"per-seed medians over test notes of per-note mean recovery (own top-{k}, {phase}), "
+                f"seeds {sorted(medians)}", where)
+    readside = {seed: read_json(d / "readside.json", "read-side summary")["phases"].get("P2C", {}).get("top", {})
+                for seed, d in seed_dirs(root, label).items() if (d / "readside.json").exists()}
+    for field, key, what in (("lift", "m2_lift", "M2 region lift"),
+                             ("share_prefix", "prefix_share", "emitted-prefix share of attention")):
+        cells = {seed: panel.get(field) for seed, panel in readside.items() if panel.get(field) is not None}
+        if cells:
+            out[f"{row}_{key}_p2c_seeds"] = _value(
+                [cells[s] for s in sorted(cells)],
+                f"{what} of the own top-{cfg.readside_k} P2C heads, per seed, seeds {sorted(cells)}", where)
+    for cell in ("own", "m2_lift", "prefix_share"):
+        seeds = out.get(f"{row}_{cell}_p2c_seeds")
+        if seeds:
+            out[f"{row}_{cell}_p2c_seed_mean"] = _value(float(np.mean(seeds["value"])),
+                                                        f"mean over seeds of: {seeds['statistic']}", where)
+    return out
 
 
 if __name__ == "__main__":

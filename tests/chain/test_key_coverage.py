@@ -270,8 +270,8 @@ def test_r_d6_writes_the_paper_keys_on_paper_shaped_own_heads_artifacts(tmp_path
     section = params["evaluate"]["own_heads"]
     section["teacher_faithfulness"] = str(tmp_path / "HD-002" / "faithfulness2.json")
     k, rng, notes = max(section["bins"]), np.random.default_rng(2), [f"n{i}" for i in range(6)]
-    write_json(tmp_path / "HD-002" / "faithfulness2.json", {"phases": {"P2C": {"bins": {
-        str(section["teacher_k"]): {"knockin": {"top": {"median": 0.85}}}}}}})
+    write_json(tmp_path / "HD-002" / "faithfulness2.json", {"phases": {phase: {"bins": {
+        str(section["teacher_k"]): {"knockin": {"top": {"median": 0.85}}}}} for phase in PHASES}})
     for row, label in section["arms"].items():
         for seed in ([0] if row.endswith("untrained") else [0, 1, 2]):
             m6 = arm_dirs(tmp_path, label, seed)[1]
@@ -280,7 +280,8 @@ def test_r_d6_writes_the_paper_keys_on_paper_shaped_own_heads_artifacts(tmp_path
             write_json(m6 / "faithfulness2.json", {"notes": notes, "bins": section["bins"], "phases": {
                 "P2C": {"all_heads_minus_clean_max_abs": 1e-5}}})
             lift = {n: {"lift": float(rng.uniform(0, 1))} for n in notes}
-            write_json(m6 / "readside.json", {"phases": {p: {"per_note": {"top": lift, "random": lift}}
+            panel = {"lift": float(rng.uniform(0, 2)), "share_prefix": float(rng.uniform(0, 0.5))}
+            write_json(m6 / "readside.json", {"phases": {p: {"per_note": {"top": lift, "random": lift}, "top": panel}
                                                          for p in PHASES}})
     module = reader("R-D6")
     values, _ = module.compute_values(params)

@@ -71,8 +71,10 @@ def test_note_recovery_by_hand():
     assert cmp.note_recovery(rows, phase="P2", set_kind="top", k=4) == {}
 
 
-def write_m6(root: Path, label: str, seed: int, values: dict[str, float], lift: dict[str, float], k: int = 4):
-    """A hand-made M6 directory: one gated P2C and P2 event per note with recovery `values[note]`."""
+def write_m6(root: Path, label: str, seed: int, values: dict[str, float], lift: dict[str, float], k: int = 4,
+             top_panel: dict | None = None):
+    """A hand-made M6 directory: one gated P2C and P2 event per note with recovery `values[note]`, one P1 event
+    per note with recovery 0.9; `top_panel`: the own top read-side panel's summary at every phase."""
     m6 = root / "M6" / f"{label}-s{seed}"
     for note, v in values.items():
         write_jsonl(m6 / note / "patch2.jsonl", [_row(kind, 0.0, 2.0, 2.0 * v, 0.2, k) for kind in ("P2C", "P2")]
@@ -80,8 +82,8 @@ def write_m6(root: Path, label: str, seed: int, values: dict[str, float], lift: 
     write_json(m6 / "faithfulness2.json", {"notes": list(values), "bins": [k], "phases": {
         "P1": {"all_heads_minus_clean_max_abs": 2e-6}, "P2C": {"all_heads_minus_clean_max_abs": 1e-5 * (seed + 1)}}})
     per_note = {n: {"lift": x} for n, x in lift.items()}
-    write_json(m6 / "readside.json", {"phases": {p: {"per_note": {"top": per_note, "random": per_note}}
-                                                 for p in ("P1", "P2C")}})
+    write_json(m6 / "readside.json", {"phases": {p: {"per_note": {"top": per_note, "random": per_note},
+                                                     "top": top_panel or {}} for p in ("P1", "P2C")}})
 
 
 @pytest.fixture
@@ -160,5 +162,34 @@ def test_reader_values_and_numbers_file(arms, monkeypatch):
 
     monkeypatch.chdir(REPO)
     path = write_numbers("R-D6", values, reader="readers/r_d6.py", inputs=inputs, params=params,
-                         results_dir=arms / "results")
+                         results_dir=arms / "results", declared_keys=reader.keys(params))
     assert read_numbers(path).values["teacher_hd002_p2c_k40"]["value"] == 0.8
+
+
+def test_reader_writes_table3_cells_of_every_arm_row_and_seed(tmp_path):
+    """Per-seed medians over notes per phase, the P2C read-side panel per seed and their means, by hand."""
+    spec = importlib.util.spec_from_file_location("r_d6", REPO / "readers" / "r_d6.py")
+    reader = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(reader)
+    notes = [f"n{i}" for i in range(5)]
+    for seed, recovery, panel in ((0, [0.1, 0.2, 0.3, 0.4, 0.5], {"lift": 1.4, "share_prefix": 0.02}),
+                                  (1, [0.9, 0.5, 0.6, 0.8, 0.7], {"lift": 1.6, "share_prefix": 0.04})):
+        write_m6(tmp_path, "q-mistill", seed, dict(zip(notes, recovery)), dict.fromkeys(notes, 1.0), top_panel=panel)
+    write_json(tmp_path / "HD-002" / "faithfulness2.json", {"phases": {
+        phase: {"bins": {"8": {"knockin": {"top": {"median": median}}}}}
+        for phase, median in (("P1", 0.95), ("P2", 0.6), ("P2C", 0.8))}})
+    params = _params(tmp_path)
+    params["evaluate"]["own_heads"]["arms"] = {"qwen_mistill": "q-mistill"}
+    values, _ = reader.compute_values(params)
+    got = {key: np.atleast_1d(values[key]["value"]).tolist() for key in reader.row_keys("qwen_mistill")}
+    expected = {
+        "qwen_mistill_own_p1_seeds": [0.9, 0.9], "qwen_mistill_own_p2_seeds": [0.3, 0.7],
+        "qwen_mistill_own_p2c_seeds": [0.3, 0.7], "qwen_mistill_m2_lift_p2c_seeds": [1.4, 1.6],
+        "qwen_mistill_prefix_share_p2c_seeds": [0.02, 0.04], "qwen_mistill_own_p2c_seed_mean": [0.5],
+        "qwen_mistill_m2_lift_p2c_seed_mean": [1.5], "qwen_mistill_prefix_share_p2c_seed_mean": [0.03]}
+    assert got.keys() == expected.keys()
+    for key, cells in expected.items():
+        assert got[key] == pytest.approx(cells), key
+    assert [values[f"teacher_hd002_{p}_k40"]["value"] for p in ("p1", "p2", "p2c")] == [0.95, 0.6, 0.8]
+    assert "seeds [0, 1]" in values["qwen_mistill_own_p2c_seeds"]["statistic"]
+    assert set(values) <= set(reader.keys(params))

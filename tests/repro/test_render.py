@@ -59,7 +59,21 @@ def results(registry, tmp_path):
             "aligned_p2c_events": 1400, "knockin_denominator_students_p2c": [0.56, 0.68]}
     write_fixture(d, "R-D19", {**paper_values(registry, "R-D19"),
                                **{k: {"value": x, "statistic": "share", "artifact": "fixture"} for k, x in qwen.items()}})
+    write_fixture(d, "R-D6", {**paper_values(registry, "R-D6", smollm_fp32_vanilla_own_p2c_seeds=[0.419, 0.42, 0.43]),
+                              **R_D6_ROW_CELLS})
     return d
+
+
+# Table 3's cells the paper prints no number for: R-D6's per-seed cells of every arm row (three seeds)
+R_D6_ROWS = ("qwen_untrained", "qwen_vanilla_fp32", "qwen_vanilla_bf16", "qwen_mistill",
+             "smollm_untrained", "smollm_vanilla_fp32", "smollm_vanilla_bf16", "smollm_mistill")
+R_D6_ROW_CELLS = {
+    **{f"{row}_{cell}_seeds": {"value": [0.61, 0.62, 0.63], "statistic": "per-seed medians", "artifact": "fixture"}
+       for row in R_D6_ROWS for cell in ("own_p1", "own_p2", "own_p2c", "m2_lift_p2c", "prefix_share_p2c")},
+    **{f"{row}_{cell}_p2c_seed_mean": {"value": 0.62, "statistic": "mean over seeds", "artifact": "fixture"}
+       for row in R_D6_ROWS for cell in ("own", "m2_lift", "prefix_share")},
+    "teacher_hd002_p1_k40": {"value": 0.92, "statistic": "median over notes", "artifact": "fixture"},
+    "teacher_hd002_p2_k40": {"value": 0.82, "statistic": "median over notes", "artifact": "fixture"}}
 
 
 def md_row(text, label):
@@ -134,12 +148,45 @@ def test_normal_mode_shows_question_marks_and_says_which(registry, results, tmp_
 
 def test_a_shorter_per_seed_list_leaves_the_absent_seeds_missing(registry, results, tmp_path):
     """A profile with fewer seeds than the paper's (the demo trains one) fills the seeds it has."""
-    write_fixture(results, "R-D6", paper_values(registry, "R-D6", smollm_fp32_vanilla_own_p2c_seeds=[0.419]))
+    write_fixture(results, "R-D6", {**paper_values(registry, "R-D6", smollm_fp32_vanilla_own_p2c_seeds=[0.419]),
+                                    **R_D6_ROW_CELLS})
     report = render(registry, results, tmp_path / "build")
     t3 = (tmp_path / "build" / "tables" / "table3.md").read_text()
     smollm_rows = t3.split("SmolLM3-3B")[1]  # the second "Vanilla CoT-KD (fp32), seeds" row
-    assert md_row(smollm_rows, "Vanilla CoT-KD (fp32), seeds")[3] == "0.419 / ??"
-    assert "R-D6.smollm_fp32_vanilla_own_p2c_seeds[1]" in report.missing["tables/table3.md"]
+    assert md_row(smollm_rows, "Vanilla CoT-KD (fp32), seeds")[3] == "0.419 / ?? / ??"
+    assert {"R-D6.smollm_fp32_vanilla_own_p2c_seeds[1]", "R-D6.smollm_fp32_vanilla_own_p2c_seeds[2]"} <= set(
+        report.missing["tables/table3.md"])
+
+
+def test_a_cell_reads_the_first_result_that_holds_it(registry, results, tmp_path):
+    """Table 3's Qwen3-4B arms read R-D12's seed grid, and R-D6's own per-seed cells where R-D12 is absent."""
+    render(registry, results, tmp_path / "grid")
+    t3 = (tmp_path / "grid" / "tables" / "table3.md").read_text()
+    assert md_row(t3, "Mistill, seeds")[3] == "0.873 / 0.870 / 0.874"      # R-D12's
+    (results / "R-D12.json").unlink()
+    report = render(registry, results, tmp_path / "own")
+    t3 = (tmp_path / "own" / "tables" / "table3.md").read_text()
+    assert md_row(t3, "Mistill, seeds")[3] == "0.610 / 0.620 / 0.630"      # R-D6's, for the same seeds
+    assert not any(m.startswith("R-D12.qwen_mistill") for m in report.missing.get("tables/table3.md", []))
+    (results / "R-D6.json").unlink()
+    report = render(registry, results, tmp_path / "none")
+    t3 = (tmp_path / "none" / "tables" / "table3.md").read_text()
+    assert md_row(t3, "Mistill, seeds")[3] == "?? / ?? / ??"
+    assert {"R-D12.qwen_mistill_own_p2c_seeds[0]", "R-D6.qwen_mistill_own_p2c_seeds[0]"} <= set(
+        report.missing["tables/table3.md"])
+
+
+def test_per_seed_cells_follow_the_profiles_seeds(registry, results, tmp_path, monkeypatch):
+    """A profile that trains one seed shows one number per seed cell: the rehearsal's and the paper's three."""
+    from mistill.repro import render as render_module
+
+    assert render_module.profile_seeds(REPO, "paper") == [0, 1, 2]
+    assert render_module.profile_seeds(REPO, "demo") == [0]
+    (results / "R-D12.json").unlink()
+    monkeypatch.setattr(render_module, "profile_seeds", lambda root, profile: [0])
+    render(registry, results, tmp_path / "one")
+    t3 = (tmp_path / "one" / "tables" / "table3.md").read_text()
+    assert md_row(t3, "Mistill, seeds")[1:4] == ["0.610", "0.610", "0.610"]
 
 
 def test_strict_mode_fails_on_a_missing_number_and_writes_nothing(registry, results, tmp_path):

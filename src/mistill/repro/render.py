@@ -9,6 +9,11 @@ value).  A key whose name carries a size or head names that the profile's params
 its groups.  It is rendered twice, as LaTeX (``tables/<name>.tex``) and as Markdown
 readable on a code host (``tables/<name>.md``), through the shared layout
 ``_layout.j2``.  ``macros.tex`` holds one ``\newcommand`` per registered value.
+A cell that more than one result can hold reads ``first(("R-D12", "qwen_mistill_own_p2c_seeds", 0),
+("R-D6", "qwen_mistill_own_p2c_seeds", 0))``: the first of them a numbers file holds (the paper's seed grid
+writes R-D12; a profile with one training seed writes the same medians under R-D6), shown ``??`` only when
+none does.  ``per_seed(("R-D12", key), ("R-D6", key))`` is that cell for each seed of the profile's
+``distill.seeds``, joined ``a / b / c``: the demo's one seed shows one number, the paper's three show three.
 A row that names a model says ``model("student_qwen")``: the profile's own name for it
 (params ``labels.models``, `mistill.repro.labels`), so the demo's tables never call its tiny
 models Qwen3-4B; a figure's titles write ``{student_qwen}``.
@@ -146,6 +151,7 @@ def render_paper(registry: Registry, *, results_dir: str | Path, out_dir: str | 
     env.globals["keys_like"] = _keys_like(registry, numbers, profile)
     names = model_names(registry.root, profile)
     env.globals["model"] = lambda role: model_name(names, role, f"profile {profile}")
+    seed_count = len(profile_seeds(registry.root, profile))
     report = RenderReport(profile)
     out_dir = Path(out_dir)
 
@@ -157,9 +163,10 @@ def render_paper(registry: Registry, *, results_dir: str | Path, out_dir: str | 
         reads = _declared_reads(template_path, registry)
         for fmt in FORMATS:
             missing: list[str] = []
-            lookup = _lookup(registry, numbers, digits, reads, template_path.name, missing, claims, report.claimed)
+            lookup = _Lookup(registry, numbers, digits, reads, template_path.name, missing, claims, report.claimed)
             try:
-                text = env.get_template(template_path.name).render(v=lookup, fmt=fmt)
+                text = env.get_template(template_path.name).render(
+                    v=lookup, first=lookup.first, per_seed=lookup.per_seed(seed_count), fmt=fmt)
             except jinja2.TemplateError as err:
                 line = f" line {err.lineno}" if getattr(err, "lineno", None) else ""
                 raise UserError(f"{template_path}:{line} {err.message}") from None
@@ -294,29 +301,72 @@ def _by_result(labels: list[str], numbers: dict[str, NumbersFile]) -> str:
     return ", ".join(parts)
 
 
-def _lookup(registry: Registry, numbers: dict[str, NumbersFile], digits: dict[tuple[str, str], int],
-            reads: list[str], template: str, missing: list[str], claims: dict[str, dict[str, Any]], claimed: set[str]):
-    def v(result_id: str, key: str, index: int | None = None) -> Cell:
-        if result_id not in registry.results:
-            raise UserError(f"{template}: unknown result id {result_id!r}")
-        if result_id not in reads:
-            raise UserError(f"{template}: reads {result_id} without declaring it in its reads header")
-        if key not in registry.registered_keys(result_id):
-            raise UserError(f"{template}: {result_id} has no registered value key {key!r}")
-        record = numbers.get(result_id)
+def profile_seeds(root: str | Path, profile: str) -> list[int]:
+    """params `<profile>.distill.seeds` of the params.yaml under `root` (the training seeds a table's rows show)."""
+    from mistill.params import load_params
+
+    seeds = (load_params(Path(root) / "params.yaml", profile=profile).get("distill") or {}).get("seeds")
+    if not seeds:
+        raise UserError(f"params.yaml: profile {profile} names no distill.seeds (the seeds its tables show)")
+    return [int(s) for s in seeds]
+
+
+class _Lookup:
+    """`v(id, key, i)` for a template, with `first(...)` and `per_seed(...)`; records every gap it shows."""
+
+    def __init__(self, registry: Registry, numbers: dict[str, NumbersFile], digits: dict[tuple[str, str], int],
+                 reads: list[str], template: str, missing: list[str], claims: dict[str, dict[str, Any]],
+                 claimed: set[str]):
+        self.registry, self.numbers, self.digits = registry, numbers, digits
+        self.reads, self.template = reads, template
+        self.missing, self.claims, self.claimed = missing, claims, claimed
+
+    def __call__(self, result_id: str, key: str, index: int | None = None) -> Cell:
+        cell = self._cell(result_id, key, index)
+        if cell.value is None:
+            self._record_gap(result_id, key, index)
+        return cell
+
+    def first(self, *refs) -> Cell:
+        """The first of `refs` ((id, key) or (id, key, i)) that a numbers file holds; else a gap for each."""
+        if not refs:
+            raise UserError(f"{self.template}: first() needs at least one (id, key) reference")
+        cells = [self._cell(*ref) for ref in refs]
+        for cell in cells:
+            if cell.value is not None:
+                return cell
+        for ref in refs:
+            self._record_gap(*ref)
+        return cells[0]
+
+    def per_seed(self, seed_count: int):
+        """`per_seed((id, key), ...)`: `first` of the references' i-th elements for each of the profile's seeds."""
+        def cells(*refs) -> Joined:
+            row = [self.first(*((rid, key, i) for rid, key in refs)) for i in range(seed_count)]
+            return Joined(tuple(_interleave(row, " / ")))
+        return cells
+
+    def _cell(self, result_id: str, key: str, index: int | None = None) -> Cell:
+        if result_id not in self.registry.results:
+            raise UserError(f"{self.template}: unknown result id {result_id!r}")
+        if result_id not in self.reads:
+            raise UserError(f"{self.template}: reads {result_id} without declaring it in its reads header")
+        if key not in self.registry.registered_keys(result_id):
+            raise UserError(f"{self.template}: {result_id} has no registered value key {key!r}")
+        record = self.numbers.get(result_id)
         value = record.values[key]["value"] if record and key in record.values else None
         if value is not None and index is not None:
             if not isinstance(value, list):
-                raise UserError(f"{template}: {result_id}.{key} is not a list (value {value!r})")
+                raise UserError(f"{self.template}: {result_id}.{key} is not a list (value {value!r})")
             # a per-seed list of a profile with fewer seeds than the paper's: the absent seeds are missing
             value = value[index] if -len(value) <= index < len(value) else None
-        if value is None:
-            label = f"{result_id}.{key}" + (f"[{index}]" if index is not None else "")
-            missing.append(label)
-            if is_claimed(claims, result_id, key, index):
-                claimed.add(label)
-        return Cell(result_id, key, value, digits.get((result_id, key), DEFAULT_DIGITS))
-    return v
+        return Cell(result_id, key, value, self.digits.get((result_id, key), DEFAULT_DIGITS))
+
+    def _record_gap(self, result_id: str, key: str, index: int | None = None) -> None:
+        label = f"{result_id}.{key}" + (f"[{index}]" if index is not None else "")
+        self.missing.append(label)
+        if is_claimed(self.claims, result_id, key, index):
+            self.claimed.add(label)
 
 
 def _keys_like(registry: Registry, numbers: dict[str, NumbersFile], profile: str):
