@@ -18,7 +18,15 @@ TABLE_IDS = {"table1": ["R-C3"],
              "table9": ["R-C8"], "table15": ["R-C13"], "table35": ["R-C7"], "table38": ["R-D19"],
              "table16": ["R-C5"], "table17": ["R-C5"], "table18": ["R-C5"], "table19": ["R-C5"],
              "table20": ["R-C10"], "table21": ["R-C11"], "table22": ["R-D28"], "table23": ["R-C11"],
-             "table5": ["R-C9"], "table24": ["R-C9"], "table54": ["R-D33"], "table55": ["R-D34"]}
+             "table5": ["R-C9"], "table24": ["R-C9"], "table54": ["R-D33"], "table55": ["R-D34"],
+             "table6": ["R-C1"], "table7": ["R-C1"], "table8": ["R-C2"], "table10": ["R-C3"], "table11": ["R-C4"],
+             "table13": ["R-C4"], "table14": ["R-C3"],
+             "table45": ["R-D1", "R-D2", "R-D5", "R-D6", "R-D12", "R-D15", "R-D17", "R-D18", "R-D30"],
+             "table46": ["R-D1", "R-D2", "R-D3", "R-D4", "R-D5", "R-D17"]}
+# Tables whose every cell this file's fixture fills (the others have their own tests: tests/repro/test_tables_*.py)
+FILLED = ["table1", "table2", "table3", "table43", "table44", "tableA_ksweep", "table9", "table15", "table35",
+          "table38", "table16", "table17", "table18", "table19", "table20", "table21", "table22", "table23",
+          "table5", "table24", "table54", "table55", "table10", "table14"]
 # App. A's K sweep was lost in the extraction: no expected values, so the fixture writes its own
 K_SWEEP = {"k_sweep_k": [200, 1000], "k_sweep_completed_recall_validation": [0.81, 0.903],
            "k_sweep_completed_recall_test": [0.85, 0.936], "k_sweep_completed_recall_corpus": [0.84, 0.939],
@@ -85,9 +93,9 @@ def test_tables_render_every_cell_from_numbers_files(registry, results, tmp_path
     report = render(registry, results, out)
     names = sorted(p.name for p in (out / "tables").iterdir())
     assert names == sorted(f"{t}.{fmt}" for t in TABLE_IDS for fmt in ("md", "tex"))
-    for name in names:
+    for name in (f"{t}.{fmt}" for t in FILLED for fmt in ("md", "tex")):
         assert MISSING not in (out / "tables" / name).read_text(), name
-    assert not any(k.startswith("tables/") for k in report.missing)
+        assert f"tables/{name}" not in report.missing, name
     t1 = (out / "tables" / "table1.md").read_text()
     assert md_row(t1, "top-8")[1:] == ["0.62", "0.78", "0.63 |"]
     assert md_row(t1, "notes: top-40 beats random")[1:] == ["100", "100", "92 |"]
@@ -214,7 +222,7 @@ def test_macros_hold_one_command_per_registered_value(registry, results, tmp_pat
     assert commands["RDoneSmollmThreeThreeBUntrainedMOnePOnePTwoPTwoC"] == "0.731, 0.379, 0.721"
     assert commands["RDoneSmollmThreeThreeBUntrainedMOnePOnePTwoPTwoCPartTwo"] == "0.379"
     assert commands["RDthreeQwenFeaturekdMinusFpThirtyTwoVanilla"] == "$-$0.035"
-    assert commands["RConePOneEventCount"] == MISSING          # R-C1 has no fixture file
+    assert commands["RCfifteenQwqKnockinTopFortyPOne"] == MISSING          # R-C15 has no fixture file
 
 
 def test_template_naming_an_unknown_key_is_an_error_with_no_output(registry, results, tmp_path):
@@ -258,6 +266,22 @@ def test_cli_render_reports_missing_and_strict_exits_2(results, tmp_path, monkey
     args = ["repro", "render", "--profile", "paper", "--results", str(results), "--out", str(tmp_path / "b")]
     assert main(args) == 0
     err = capsys.readouterr().err
-    assert "macros.tex: ?? for R-C1." in err
+    assert "macros.tex: ?? for R-C15." in err
     assert main(args + ["--strict"]) == 2
     assert "strict" in capsys.readouterr().err
+
+
+def test_the_summary_counts_captioned_tables_with_a_template_and_complete_ones(registry, results, tmp_path):
+    assert registry.captioned_tables() == set(range(1, 61)) - {34}    # Table 34 has no caption in the paper
+    full = render(registry, results, tmp_path / "full").tables()
+    assert sorted(full) == sorted(TABLE_IDS) and all(full[name] for name in FILLED)
+    (results / "R-C3.json").unlink()
+    report = render(registry, results, tmp_path / "partial")
+    reading_c3 = {name for name, ids in TABLE_IDS.items() if "R-C3" in ids}
+    assert report.tables() == {name: done and name not in reading_c3 for name, done in full.items()}
+    complete = sum(report.tables().values())
+    numbered = {int(name[len("table"):]) for name in TABLE_IDS if name[len("table"):].isdigit()}
+    assert report.tables_summary(registry.captioned_tables()) == (
+        f"tables: {len(numbered)} of the paper's 59 captioned tables have a template ({len(TABLE_IDS)} templates "
+        f"in all); {complete} complete under profile paper (no ??), {len(TABLE_IDS) - complete} with "
+        "?? cells; no template yet: " + ", ".join(str(n) for n in sorted(registry.captioned_tables() - numbered)))

@@ -59,15 +59,17 @@ def test_strict_names_the_result_and_keys_of_a_missing_claimed_number(registry, 
     (demo_results / "R-C2.json").unlink()
     with pytest.raises(UserError) as err:
         render(registry, demo_results, tmp_path / "build", strict=True)
-    n = len(registry.expected("demo").values["R-C2"])
+    assert not (tmp_path / "build").exists()
+    # Without --strict the same gap renders as ?? and is counted as claimed: every demo key of R-C2, a list
+    # value's elements one by one where a table shows them so
+    report = render(registry, demo_results, tmp_path / "build", strict=False)
+    claimed = sorted(report.claimed)
+    assert {label.split("[")[0] for label in claimed} == {f"R-C2.{key}" for key in registry.expected("demo").values["R-C2"]}
+    assert f"{len(claimed)} of them claimed by the profile" in report.summary()
     assert str(err.value) == (
         "strict: profile demo claims numbers that no numbers file holds: R-C2 (no numbers file; "
-        f"{n} value(s): all_heads_knockin_minus_clean_margin, all_heads_knockin_minus_clean_max_abs, "
+        f"{len(claimed)} value(s): all_heads_knockin_minus_clean_margin, all_heads_knockin_minus_clean_max_abs, "
         "attr_vs_exact_corr_detached_above_noise, ...) (run their stages, or render without --strict)")
-    assert not (tmp_path / "build").exists()
-    # Without --strict the same gap renders as ?? and is counted as claimed.
-    report = render(registry, demo_results, tmp_path / "build", strict=False)
-    assert f"{n} of them claimed by the profile" in report.summary()
 
 
 def test_strict_names_a_claimed_key_missing_from_a_present_file(registry, demo_results, tmp_path):
@@ -87,8 +89,10 @@ def test_cli_strict_passes_and_prints_the_summary_then_fails_naming_r_c2(demo_re
     assert main(args) == 0
     out, err = capsys.readouterr()
     assert "0 of them claimed by the profile" in err and "?? for" not in err.split("profile demo:")[0]
-    assert out.startswith("wrote 45 files under")   # Tables 1-3, 5, 9, 15-24, 54, 55, 35, 38, 43, 44 and the K sweep, .tex and .md;
-    #                                                  macros.tex
+    templates = len(list((TEMPLATES / "tables").glob("table*.j2")))
+    assert templates == 31                    # Tables 1-3, 5-11, 13-24, 35, 38, 43-46, 54, 55 and the K sweep
+    assert out.startswith(f"wrote {2 * templates + 1} files under")   # each as .tex and .md, and macros.tex
+    assert "tables: 30 of the paper's 59 captioned tables have a template (31 templates in all)" in err
     (demo_results / "R-C2.json").unlink()
     assert main(args) == 2
     err = capsys.readouterr().err

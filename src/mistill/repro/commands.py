@@ -107,6 +107,7 @@ def cmd_render(args: argparse.Namespace) -> int:
             shown = ", ".join(claimed[:6]) + (f", ... ({len(claimed)} in all)" if len(claimed) > 6 else "")
             print(f"{target}: ?? for {shown}", file=sys.stderr)
     print(report.summary(), file=sys.stderr)
+    print(report.tables_summary(registry.captioned_tables()), file=sys.stderr)
     if report.figures is not None:
         for fig in report.figures.placeholders:
             print(f"figures/{fig.name}: missing-data placeholder ({fig.placeholder})", file=sys.stderr)

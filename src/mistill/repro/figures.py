@@ -18,6 +18,8 @@ A spec::
         bars:
           - {label: untrained, value: R-D6.untrained_qwen_own_p2c_k40}
           - {label: RandPos, value: R-D7.qwen_randpos_own_p2c, lo: ..., hi: ...}   # lo/hi: optional range
+          - {label: Mistill, value: [R-D27.mean_of_per_seed_medians, R-D6.smollm_mistill_own_p2c_seed_mean]}
+                                      # a list: the first reference a numbers file holds
         references:                   # optional horizontal lines
           - {label: teacher, value: R-D6.teacher_hd002_p2c_k40}
       - title: P1
@@ -139,7 +141,9 @@ class _Lookup:
             raise UserError(f"{self.where}: no registered key of {rid} matches {key!r}")
         return ks
 
-    def value(self, ref: str, k: int | None = None) -> float | None:
+    def value(self, ref: str | list[str], k: int | None = None) -> float | None:
+        if isinstance(ref, list):
+            return self.first(ref, k)
         rid, key, index = self.parse(ref.replace("{k}", str(k)) if k is not None else ref)
         if key not in self.registry.registered_keys(rid):
             if ref in self.named_refs:
@@ -160,6 +164,20 @@ class _Lookup:
             return None
         self.drawn += 1
         return float(value)
+
+
+    def first(self, refs: list[str], k: int | None = None) -> float | None:
+        """The first of `refs` a numbers file holds (the paper's grid result, then the cell a smaller profile
+        computes); a gap for each of them when none does."""
+        if not refs:
+            raise UserError(f"{self.where}: an empty list of number references")
+        before = len(self.missing)
+        for ref in refs:
+            value = self.value(ref, k)
+            if value is not None:
+                del self.missing[before:]
+                return value
+        return None
 
 
 def load_specs(figures_dir: str | Path, registry: Registry) -> list[tuple[str, dict[str, Any]]]:
@@ -235,10 +253,13 @@ def _roles_named(spec: dict[str, Any], names: Mapping[str, str],
             named_refs.add(out)
         return out
 
+    def refs(value: Any) -> Any:
+        return [ref(r) for r in value] if isinstance(value, list) else ref(value)
+
     def entry(item: Any) -> Any:
         if not isinstance(item, dict):
             return item
-        out = {**item, **{f: (named if f == "label" else ref)(item[f]) for f in ROLE_ENTRY_FIELDS if f in item}}
+        out = {**item, **{f: (named if f == "label" else refs)(item[f]) for f in ROLE_ENTRY_FIELDS if f in item}}
         if isinstance(item.get("values"), list):
             out["values"] = [ref(r) for r in item["values"]]
         return out

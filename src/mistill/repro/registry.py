@@ -142,6 +142,10 @@ class Registry:
         keys.update(dict.fromkeys(result.extra_keys))
         return list(keys)
 
+    def captioned_tables(self) -> set[int]:
+        """Every table number some result's caption cites (registry `caption_tables`)."""
+        return {number for result in self.results.values() for number in result.caption_tables}
+
     def required_statuses(self, profile: str) -> list[str]:
         """Statuses whose results a full check under `profile` must find reproduced."""
         return list(self.profiles[profile].get("required_statuses", []))

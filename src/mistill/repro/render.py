@@ -82,6 +82,22 @@ class RenderReport:
     claimed: set[str] = field(default_factory=set)                 # of those, the numbers the profile claims
     figures: Any = None                                            # a figures.FiguresReport, when specs exist
 
+    def tables(self) -> dict[str, bool]:
+        """Each rendered table template's name -> whether it is complete (no ?? cell)."""
+        return {path.stem: f"tables/{path.name}" not in self.missing
+                for path in sorted(self.outputs) if path.parent.name == "tables" and path.suffix == ".md"}
+
+    def tables_summary(self, captioned: set[int]) -> str:
+        """How many of the paper's captioned tables have a template, and how many of those are complete."""
+        tables = self.tables()
+        numbers = {int(m.group(1)) for name in tables if (m := re.fullmatch(r"table(\d+)", name))}
+        without = sorted(captioned - numbers)
+        complete = sorted(name for name, done in tables.items() if done)
+        return (f"tables: {len(numbers & captioned)} of the paper's {len(captioned)} captioned tables have a template "
+                f"({len(tables)} templates in all); {len(complete)} complete under profile {self.profile} (no ??), "
+                f"{len(tables) - len(complete)} with ?? cells; no template yet: "
+                + (", ".join(map(str, without)) if without else "none"))
+
     def shown_missing(self) -> set[str]:
         return {m for ms in self.missing.values() for m in ms}
 
