@@ -20,13 +20,13 @@ TABLE_IDS = {"table1": ["R-C3"],
              "table20": ["R-C10"], "table21": ["R-C11"], "table22": ["R-D28"], "table23": ["R-C11"],
              "table5": ["R-C9"], "table24": ["R-C9"], "table54": ["R-D33"], "table55": ["R-D34"],
              "table6": ["R-C1"], "table7": ["R-C1"], "table8": ["R-C2"], "table10": ["R-C3"], "table11": ["R-C4"],
-             "table13": ["R-C4"], "table14": ["R-C3"],
+             "table13": ["R-C4"], "table14": ["R-C3"], "table25": ["R-C13"],
              "table45": ["R-D1", "R-D2", "R-D5", "R-D6", "R-D12", "R-D15", "R-D17", "R-D18", "R-D30"],
              "table46": ["R-D1", "R-D2", "R-D3", "R-D4", "R-D5", "R-D17"]}
 # Tables whose every cell this file's fixture fills (the others have their own tests: tests/repro/test_tables_*.py)
 FILLED = ["table1", "table2", "table3", "table43", "table44", "tableA_ksweep", "table9", "table15", "table35",
           "table38", "table16", "table17", "table18", "table19", "table20", "table21", "table22", "table23",
-          "table5", "table24", "table54", "table55", "table10", "table14"]
+          "table5", "table24", "table54", "table55", "table10", "table14", "table25"]
 # App. A's K sweep was lost in the extraction: no expected values, so the fixture writes its own
 K_SWEEP = {"k_sweep_k": [200, 1000], "k_sweep_completed_recall_validation": [0.81, 0.903],
            "k_sweep_completed_recall_test": [0.85, 0.936], "k_sweep_completed_recall_corpus": [0.84, 0.939],
@@ -121,6 +121,9 @@ def test_tables_render_every_cell_from_numbers_files(registry, results, tmp_path
     t38 = (out / "tables" / "table38.md").read_text()
     assert md_row(t38, "SmolLM3-3B")[2:5] == ["53", "73", "41824"]
     assert "teacher 0.71, students 0.560–0.680; contrastive events both realise: 1400." in t38
+    t25 = (out / "tables" / "table25.md").read_text()    # window shares are registered in the order D, A, B
+    assert [md_row(t25, s)[1] for s in ("B (the paper's suffix)", "D", "A")] == ["36.10", "43.20", "43.60"]   # at least 2 decimals
+    assert md_row(t25, "D")[3] == "80.10 |" and "on the same 90 notes and 1861 chapter mentions" in t25
     ksweep = (out / "tables" / "tableA_ksweep.md").read_text()
     assert [md_row(ksweep, k) for k in ("200", "1000")] == [["| 200", "0.810", "0.850", "0.840", "230.0 |"],
                                                             ["| 1000", "0.903", "0.936", "0.939", "1012.5 |"]]
