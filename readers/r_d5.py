@@ -50,7 +50,8 @@ def keys(params: dict) -> list[str]:
     for family in ("qwen", "smollm"):
         for name in ("mistill", "vanilla_bf16"):
             if f"{family}_{name}" in labels:
-                out += [f"{family}_{name}_microf1"] + ([f"{family}_{name}_microf1_sd"] if len(seeds) >= 2 else [])
+                out += [f"{family}_{name}_microf1", f"{family}_{name}_microf1_seeds"]
+                out += [f"{family}_{name}_microf1_sd"] if len(seeds) >= 2 else []
         if f"{family}_mistill" in labels:
             out.append(f"{family}_mistill_valid_rate")
             if 0 in seeds:
@@ -108,9 +109,11 @@ def compute_values(params: dict) -> tuple[dict, list[Path]]:
         for seeds, name in ((mistill, "mistill"), (vanilla, "vanilla_bf16")):
             if not seeds:
                 continue
-            mean, sd, _ = seed_mean_sd(seeds, "micro_f1")
+            mean, sd, per_seed = seed_mean_sd(seeds, "micro_f1")
             v[f"{family}_{name}_microf1"] = value(mean, f"corpus micro-F1, mean over {seeds_text(seeds)}, "
                                                   f"{len(notes)} test notes", where(seeds))
+            v[f"{family}_{name}_microf1_seeds"] = value(per_seed, f"corpus micro-F1 per seed, {seeds_text(seeds)}",
+                                                        where(seeds))
             if sd is not None:
                 v[f"{family}_{name}_microf1_sd"] = value(sd, f"s.d. over {seeds_text(seeds)}", where(seeds))
         if mistill:

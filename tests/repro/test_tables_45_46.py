@@ -43,7 +43,9 @@ def values_of(numbers, statistic):
 
 # The reader's own keys the paper's text prints no number for
 R_D2_EXTRA = {"qwen_vanilla_fp32_microf1_seeds": [0.193, 0.183, 0.185], "qwen_vanilla_fp32_valid_rate": 0.83}
-R_D5_EXTRA = {"qwen_mistill_valid_rate": 0.85}
+R_D5_EXTRA = {"qwen_mistill_valid_rate": 0.85, "qwen_mistill_microf1_seeds": [0.151, 0.148, 0.149],
+              "smollm_mistill_microf1_seeds": [0.06, 0.058, 0.061],
+              "smollm_vanilla_bf16_microf1_seeds": [0.055, 0.05, 0.052]}
 R_D6_EXTRA = {"smollm_mistill_minus_bf16_vanilla_p2": -0.041, "smollm_mistill_minus_fp32_vanilla_p2": -0.032}
 R_D18_EXTRA = {
     "qwen_per_note_microf1_mistill_minus_bf16_vanilla": -0.006,
@@ -94,6 +96,10 @@ def demo_results(registry, tmp_path):
         values = {key: {"value": exp.value, "statistic": exp.stat, "artifact": "fixture"} for key, exp in keys.items()}
         if rid == "R-D6":
             values.update(r_d6_row_cells(1))
+        if rid == "R-D5":     # one training seed: each arm's per-seed list holds its seed-mean micro-F1
+            values.update({f"{row}_microf1_seeds": {"value": [keys[f"{row}_microf1"].value], "statistic": "micro-F1",
+                                                    "artifact": "fixture"}
+                           for row in ("qwen_mistill", "qwen_vanilla_bf16", "smollm_mistill", "smollm_vanilla_bf16")})
         write_fixture(d, rid, values, profile="demo")
     return d
 
@@ -150,7 +156,7 @@ def test_paper_profile_cells_are_the_numbers_files_values(registry, paper_result
     assert t45[qwen]["Vanilla CoT-KD (bf16), seeds"][2:] == [
         "0.834 / 0.835 / 0.847", "0.430 / 0.431 / 0.432", "0.440 / 0.441 / 0.442", "0.136 / 0.148 / 0.147"]
     assert t45[qwen]["Mistill, seeds"][2] == "0.873 / 0.870 / 0.874"
-    assert t45[qwen]["Mistill, seeds"][5] == "0.151"                      # seed 0's micro-F1 (R-D5)
+    assert t45[qwen]["Mistill, seeds"][5] == "0.151 / 0.148 / 0.149"      # per-seed micro-F1 (R-D5)
     assert t45[qwen]["Mistill (fp32, lambda 0.1), seeds"] == ["–", "–", "0.870 / 0.836 / 0.850", "–", "–", "–"]
     assert t45[qwen]["Mistill (fp32, lambda 0.01), seeds"][2] == "0.892 / 0.897 / 0.892"
     # seed-matched: R-D6's differences (three decimals, as the paper prints -0.020), R-D18's counts and task interval
@@ -172,9 +178,9 @@ def test_paper_profile_cells_are_the_numbers_files_values(registry, paper_result
     assert t45[smol]["untrained"] == ["0.985 (0.134)", "0.510", "0.416 (0.107)", "0.530", "0.540", "0.003"]
     assert t45[smol]["Vanilla CoT-KD (fp32), seeds"][2:] == [
         "0.541 / 0.523 / 0.530", "0.580 / 0.581 / 0.582", "0.590 / 0.591 / 0.592", "0.148 / 0.113 / 0.129"]
-    assert t45[smol]["Vanilla CoT-KD (bf16), seeds"][5] == "0.055"
+    assert t45[smol]["Vanilla CoT-KD (bf16), seeds"][5] == "0.055 / 0.050 / 0.052"
     assert t45[smol]["Mistill, seeds"] == ["0.650 / 0.651 / 0.652", "0.660 / 0.661 / 0.662", "0.670 / 0.671 / 0.672",
-                                           "0.680 / 0.681 / 0.682", "0.690 / 0.691 / 0.692", "0.060"]
+                                           "0.680 / 0.681 / 0.682", "0.690 / 0.691 / 0.692", "0.060 / 0.058 / 0.061"]
     assert t45[smol_pairs]["Mistill minus bf16 Vanilla CoT-KD"] == [
         "–", "−0.041", "0.310", "–", "–", "0.004 [−0.011, 0.019]"]
     assert t45[smol_pairs]["sign test p (vs bf16)"][2] == "6e-21"
@@ -189,13 +195,13 @@ def test_paper_profile_cells_are_the_numbers_files_values(registry, paper_result
     assert t46[qwen]["DistiLLM-2 (1 seed)"] == ["0.187", "–", "–", "–"]
     assert t46[qwen]["OPD (1 seed)"] == ["0.179", "0.973", "–", "–"]
     assert t46[qwen]["Vanilla CoT-KD (bf16), seeds"] == ["0.136 / 0.148 / 0.147", "–", "–", "–"]
-    assert t46[qwen]["Mistill, seeds"] == ["0.151", "0.850", "–", "–"]
+    assert t46[qwen]["Mistill, seeds"] == ["0.151 / 0.148 / 0.149", "0.850", "–", "–"]
     assert t46[smol]["untrained"] == ["0.003", "0.153", "–", "–"]
     assert t46[smol]["Vanilla CoT-KD (fp32), seeds"] == ["0.148 / 0.113 / 0.129", "0.547", "–", "–"]
     assert t46[smol]["Feature-KD (1 seed)"] == ["0.062", "0.360", "–", "–"]
     assert t46[smol]["GOLD (1 seed)"] == ["0.000", "0.613", "–", "–"]
-    assert t46[smol]["Vanilla CoT-KD (bf16, 1 seed)"] == ["0.055", "0.380", "–", "–"]
-    assert t46[smol]["Mistill, seeds"] == ["0.060", "0.289", "–", "–"]
+    assert t46[smol]["Vanilla CoT-KD (bf16), seeds"] == ["0.055 / 0.050 / 0.052", "0.380", "–", "–"]
+    assert t46[smol]["Mistill, seeds"] == ["0.060 / 0.058 / 0.061", "0.289", "–", "–"]
 
     # a per-seed cell shows one entry per seed of the paper's three
     for text in md.values():
@@ -223,22 +229,21 @@ def test_demo_profile_shows_one_seed_and_fills_every_cell_it_computes(registry, 
     for text in md.values():
         assert " / " not in text.split("\n\n")[1]          # the table body (caption and notes aside)
     assert t45[qwen]["Mistill, seeds"] == [f"{r_d6_seeds('qwen_mistill', c, 1)[0]:.3f}" for c in R_D6_CELLS] + [
-        f"{demo['R-D5']['qwen_mistill_seed0_microf1'].value:.3f}"]
+        f"{demo['R-D5']['qwen_mistill_microf1'].value:.3f}"]
     assert t45[qwen]["Vanilla CoT-KD (fp32), seeds"][5] == f"{demo['R-D2']['qwen_vanilla_fp32_microf1_seeds'].value[0]:.3f}"
     assert t45[smol]["Vanilla CoT-KD (fp32), seeds"][2] == f"{demo['R-D6']['smollm_fp32_vanilla_own_p2c_seeds'].value[0]:.3f}"
     assert t46[smol]["Vanilla CoT-KD (fp32), seeds"][0] == f"{demo['R-D2']['smollm_vanilla_fp32_microf1_seeds'].value[0]:.3f}"
-    assert t46[qwen]["Mistill, seeds"][:2] == [f"{demo['R-D5']['qwen_mistill_seed0_microf1'].value:.3f}",
+    assert t46[qwen]["Mistill, seeds"][:2] == [f"{demo['R-D5']['qwen_mistill_microf1'].value:.3f}",
                                                f"{demo['R-D5']['qwen_mistill_valid_rate'].value:.3f}"]
 
-    # ?? only where the demo computes nothing: the fp32 Mistill arms (R-D17, R-D30), the per-seed micro-F1 of
-    # bf16 Vanilla CoT-KD (R-D17), the logit baselines (R-D3, R-D4) and SmolLM's bf16 valid rate (R-D17)
+    # ?? only where the demo computes nothing: the fp32 Mistill arms (R-D17, R-D30), the logit baselines
+    # (R-D3, R-D4) and SmolLM's bf16 valid rate (R-D17)
     shown = {(t, section, label, col) for t, text in md.items() for section, rows in md_sections(text).items()
              for label, row in rows.items() for col, c in zip(T45[1:] if t == "table45" else T46[1:], row)
              if MISSING in c}
     fp32_rows = ["Mistill (fp32, lambda 0.1) minus fp32 Vanilla CoT-KD", "Mistill (fp32, lambda 0.1) minus bf16 Vanilla CoT-KD",
                  "Mistill (fp32, lambda 0.1) minus Mistill (bf16)", "Mistill (fp32, lambda 0.01) minus fp32 Vanilla CoT-KD"]
     assert shown == {
-        ("table45", qwen, "Vanilla CoT-KD (bf16), seeds", "task"),
         ("table45", qwen, "Mistill (fp32, lambda 0.1), seeds", "M4 P2C"),
         ("table45", qwen, "Mistill (fp32, lambda 0.01), seeds", "M4 P2C"),
         ("table45", qwen_pairs, fp32_rows[0], "M4 P2C"), ("table45", qwen_pairs, fp32_rows[0], "task"),
@@ -250,10 +255,9 @@ def test_demo_profile_shows_one_seed_and_fills_every_cell_it_computes(registry, 
         ("table45", qwen_pairs, "notes Mistill higher (fp32, lambda 0.01)", "M4 P2C"),
         ("table46", qwen, "DistiLLM-2 (1 seed)", "micro-F1"),
         ("table46", qwen, "OPD (1 seed)", "micro-F1"), ("table46", qwen, "OPD (1 seed)", "valid"),
-        ("table46", qwen, "Vanilla CoT-KD (bf16), seeds", "micro-F1"),
         ("table46", smol, "Feature-KD (1 seed)", "micro-F1"), ("table46", smol, "Feature-KD (1 seed)", "valid"),
         ("table46", smol, "GOLD (1 seed)", "micro-F1"), ("table46", smol, "GOLD (1 seed)", "valid"),
-        ("table46", smol, "Vanilla CoT-KD (bf16, 1 seed)", "valid"),
+        ("table46", smol, "Vanilla CoT-KD (bf16), seeds", "valid"),
     }
     assert report.claimed == set()
     # the seed-matched lines the demo computes: R-D6's differences, R-D18's counts, sign tests and task intervals
