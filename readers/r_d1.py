@@ -8,8 +8,10 @@ from __future__ import annotations
 from pathlib import Path
 
 from mistill.evaluate.readout import (
+    GENERATION_BEHAVIOUR,
     answers,
     arm_labels,
+    generation_behaviour,
     load_arms,
     m1_shares,
     m1_text,
@@ -29,7 +31,7 @@ def keys(params: dict) -> list[str]:
     """Every key this reader can write under `params` (one set per untrained row params name)."""
     labels = arm_labels(params)
     return [f"{prefix}_{what}" for row, prefix in ROWS if row in labels
-            for what in ("microf1", "valid_rate", "m1_p1_p2_p2c")]
+            for what in ("microf1", "valid_rate", "m1_p1_p2_p2c", *GENERATION_BEHAVIOUR)]
 
 
 # ---- R-D1 -------------------------------------------------------------------------------------------------
@@ -51,6 +53,7 @@ def compute_values(params: dict) -> tuple[dict, list[Path]]:
         shares = m1_shares(arm)
         if shares is not None:
             v[f"{prefix}_m1_p1_p2_p2c"] = value(shares, m1_text(arm), arm.path / "m1.json")
+        v.update(generation_behaviour({arm.seed: arm}, prefix))
     return v, inputs
 
 

@@ -16,8 +16,10 @@ from pathlib import Path
 
 from mistill.errors import UserError
 from mistill.evaluate.readout import (
+    GENERATION_BEHAVIOUR,
     arm_labels,
     completed_precision_recall,
+    generation_behaviour,
     load_arms,
     m1_shares,
     m1_text,
@@ -47,6 +49,7 @@ def keys(params: dict) -> list[str]:
             continue
         out += [f"{family}_vanilla_fp32_microf1", f"{family}_vanilla_fp32_microf1_seeds",
                 f"{family}_vanilla_fp32_valid_rate"]
+        out += [f"{family}_vanilla_fp32_{what}" for what in GENERATION_BEHAVIOUR]
         out += [f"{family}_vanilla_fp32_microf1_sd"] if len(seeds) >= 2 else []
         if f"{family}_untrained" in labels:
             out += [f"{family}_vanilla_minus_untrained", f"{family}_vanilla_gap_recovered"]
@@ -82,6 +85,7 @@ def compute_values(params: dict) -> tuple[dict, list[Path]]:
         v[f"{family}_vanilla_fp32_valid_rate"] = value(
             seed_mean_sd(seeds, "valid_rate")[0], f"share of generations valid, mean over {seeds_text(seeds)}",
             where(seeds))
+        v.update(generation_behaviour(seeds, row))
         base_row = f"{family}_untrained"
         if base_row in arms:
             base = arms[base_row][min(arms[base_row])]

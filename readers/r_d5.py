@@ -19,9 +19,11 @@ import numpy as np
 
 from mistill.errors import UserError
 from mistill.evaluate.readout import (
+    GENERATION_BEHAVIOUR,
     ArmSeed,
     arm_labels,
     completed_precision_recall,
+    generation_behaviour,
     load_arms,
     m1_shares,
     m1_text,
@@ -50,10 +52,10 @@ def keys(params: dict) -> list[str]:
     for family in ("qwen", "smollm"):
         for name in ("mistill", "vanilla_bf16"):
             if f"{family}_{name}" in labels:
-                out += [f"{family}_{name}_microf1", f"{family}_{name}_microf1_seeds"]
+                out += [f"{family}_{name}_microf1", f"{family}_{name}_microf1_seeds", f"{family}_{name}_valid_rate"]
+                out += [f"{family}_{name}_{what}" for what in GENERATION_BEHAVIOUR]
                 out += [f"{family}_{name}_microf1_sd"] if len(seeds) >= 2 else []
         if f"{family}_mistill" in labels:
-            out.append(f"{family}_mistill_valid_rate")
             if 0 in seeds:
                 out += [f"{family}_mistill_seed0_microf1", f"{family}_mistill_seed0_m1_p1_p2_p2c",
                         f"{family}_mistill_completed_precision_recall"]
@@ -114,12 +116,13 @@ def compute_values(params: dict) -> tuple[dict, list[Path]]:
                                                   f"{len(notes)} test notes", where(seeds))
             v[f"{family}_{name}_microf1_seeds"] = value(per_seed, f"corpus micro-F1 per seed, {seeds_text(seeds)}",
                                                         where(seeds))
+            v[f"{family}_{name}_valid_rate"] = value(seed_mean_sd(seeds, "valid_rate")[0],
+                                                     f"share of generations valid, mean over {seeds_text(seeds)}",
+                                                     where(seeds))
+            v.update(generation_behaviour(seeds, f"{family}_{name}"))
             if sd is not None:
                 v[f"{family}_{name}_microf1_sd"] = value(sd, f"s.d. over {seeds_text(seeds)}", where(seeds))
         if mistill:
-            v[f"{family}_mistill_valid_rate"] = value(seed_mean_sd(mistill, "valid_rate")[0],
-                                                      f"share of generations valid, mean over {seeds_text(mistill)}",
-                                                      where(mistill))
             if 0 in mistill:
                 arm = mistill[0]
                 v[f"{family}_mistill_seed0_microf1"] = value(arm.task["micro_f1"], "corpus micro-F1, seed 0", arm.path)

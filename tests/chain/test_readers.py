@@ -32,10 +32,11 @@ def note_f1(pred, gold):
 
 
 def write_arm(root: Path, label: str, seed: int, preds: dict, m1_shares: dict | None = None) -> None:
-    """preds: note -> answer list, or None for an invalid generation."""
+    """preds: note -> answer list, or None for an invalid generation (one that ran to the 1,024-token cap; a valid
+    one generated 100 tokens per code)."""
     d = root / "DT-eval" / f"{label}-s{seed}"
-    rows = [{"note_id": n, "valid": p is not None, "answer": p or [], "completion": "", "prompt": ""}
-            for n, p in preds.items()]
+    rows = [{"note_id": n, "valid": p is not None, "answer": p or [], "completion": "", "prompt": "",
+             "hit_cap": p is None, "n_new_tokens": 1024 if p is None else 100 * len(p)} for n, p in preds.items()]
     write_jsonl(d / "generations.jsonl", rows)
     notes = list(GOLD)
     metrics = task_metrics([preds[n] or [] for n in notes], [GOLD[n] for n in notes],
@@ -83,6 +84,10 @@ def test_r_d1_values(world):
     assert v["qwen3_4b_untrained_m1_p1_p2_p2c"]["value"] == [0.5, 0.5, 0.5]
     assert v["smollm3_3b_untrained_microf1"]["value"] == 0.0
     assert "smollm3_3b_untrained_m1_p1_p2_p2c" not in v  # no m1.json: no value, not a made-up one
+    # two of four generations ran to the cap; tokens (100 + 1024 + 100 + 1024) / 4
+    assert v["qwen3_4b_untrained_cap_share"]["value"] == 0.5
+    assert v["qwen3_4b_untrained_mean_new_tokens"]["value"] == pytest.approx(562.0)
+    assert v["smollm3_3b_untrained_cap_share"]["value"] == 1.0
     assert inputs
 
 
@@ -105,6 +110,11 @@ def test_r_d2_values(world):
     # completed answers of seed 0: n1, n2 valid -> tp 3, fp 0, fn 0
     assert v["qwen_vanilla_fp32_completed_precision_recall"]["value"] == pytest.approx([1.0, 1.0])
     assert v["qwen_vanilla_fp32_m1_p1_p2c"]["value"] == [0.7, 0.7]
+    # cap share and tokens: each seed's mean over notes, then the mean over seeds
+    assert v["qwen_vanilla_fp32_cap_share"]["value"] == pytest.approx((2 / 4 + 1 / 4) / 2)
+    assert v["qwen_vanilla_fp32_mean_new_tokens"]["value"] == pytest.approx(
+        ((200 + 100 + 1024 + 1024) / 4 + (100 + 100 + 100 + 1024) / 4) / 2)
+    assert "mean over 2 seeds (0, 1)" in v["qwen_vanilla_fp32_cap_share"]["statistic"]
 
 
 def test_r_d5_values(world):
@@ -121,12 +131,16 @@ def test_r_d5_values(world):
     assert v["m1_p2c_bf16_vanilla"]["value"] == pytest.approx(0.6)
     assert "qwen_mistill_microf1_sd" not in v  # one seed: no s.d.
     assert v["qwen_mistill_seed0_m1_p1_p2_p2c"]["value"] == [0.6, 0.6, 0.8]
+    assert v["qwen_mistill_microf1_seeds"]["value"] == pytest.approx([v["qwen_mistill_microf1"]["value"]])
+    assert v["qwen_vanilla_bf16_valid_rate"]["value"] == 0.75
+    assert v["qwen_vanilla_bf16_cap_share"]["value"] == 0.25
+    assert v["qwen_mistill_mean_new_tokens"]["value"] == pytest.approx((200 + 1024 + 100 + 1024) / 4)
 
 
 def test_numbers_file_keeps_registered_keys(world, capsys):
     v, inputs = r_d1.compute_values(world)
     v["qwen3_4b_untrained_not_a_key"] = dict(v["qwen3_4b_untrained_microf1"])
-    assert r_d1.write("R-D1", "readers/r_d1.py", v, inputs, world) == 0
+    assert r_d1.write("R-D1", "readers/r_d1.py", v, inputs, world, r_d1.keys(world)) == 0
     out = json.loads((Path(world["paths"]["results"]) / "R-D1.json").read_text())
     keys = set(out["values"]) if "values" in out else set(out)
     assert {"qwen3_4b_untrained_microf1", "qwen3_4b_untrained_m1_p1_p2_p2c"} <= keys  # the latter an extra key

@@ -43,6 +43,19 @@ def values_of(numbers, statistic):
 
 # The reader's own keys the paper's text prints no number for
 R_D2_EXTRA = {"qwen_vanilla_fp32_microf1_seeds": [0.193, 0.183, 0.185], "qwen_vanilla_fp32_valid_rate": 0.83}
+# Table 46's generation behaviour of the arms this repository trains (the paper's text prints none of it)
+BEHAVIOUR = {"R-D1": ("qwen3_4b_untrained", "smollm3_3b_untrained"), "R-D2": ("qwen_vanilla_fp32", "smollm_vanilla_fp32"),
+             "R-D5": ("qwen_mistill", "qwen_vanilla_bf16", "smollm_mistill", "smollm_vanilla_bf16")}
+
+
+def behaviour(rid, valid=None):
+    """Cap share 0.01 * (i + 1) and 400 + i generated tokens for the i-th row of `rid`; R-D5's bf16 valid rates."""
+    out = {}
+    for i, row in enumerate(BEHAVIOUR[rid]):
+        out[f"{row}_cap_share"], out[f"{row}_mean_new_tokens"] = 0.01 * (i + 1), 400.0 + i
+    if rid == "R-D5":
+        out.update({f"{family}_vanilla_bf16_valid_rate": valid or 0.9 for family in ("qwen", "smollm")})
+    return values_of(out, "mean over seeds")
 R_D5_EXTRA = {"qwen_mistill_valid_rate": 0.85, "qwen_mistill_microf1_seeds": [0.151, 0.148, 0.149],
               "smollm_mistill_microf1_seeds": [0.06, 0.058, 0.061],
               "smollm_vanilla_bf16_microf1_seeds": [0.055, 0.05, 0.052]}
@@ -76,11 +89,13 @@ def templates(tmp_path):
 def paper_results(registry, tmp_path):
     """Every result the two tables read, at the paper's values, with three seeds wherever a cell is per seed."""
     d = tmp_path / "results"
-    for rid in ("R-D1", "R-D3", "R-D4", "R-D12", "R-D15", "R-D17", "R-D30"):
+    for rid in ("R-D3", "R-D4", "R-D12", "R-D15", "R-D17", "R-D30"):
         write_fixture(d, rid, paper_values(registry, rid))
+    write_fixture(d, "R-D1", {**paper_values(registry, "R-D1"), **behaviour("R-D1")})
     write_fixture(d, "R-D2", {**paper_values(registry, "R-D2", smollm_vanilla_fp32_microf1_seeds=[0.148, 0.113, 0.129]),
-                              **values_of(R_D2_EXTRA, "micro-F1")})
-    write_fixture(d, "R-D5", {**paper_values(registry, "R-D5"), **values_of(R_D5_EXTRA, "share of generations valid")})
+                              **values_of(R_D2_EXTRA, "micro-F1"), **behaviour("R-D2")})
+    write_fixture(d, "R-D5", {**paper_values(registry, "R-D5"), **values_of(R_D5_EXTRA, "share of generations valid"),
+                              **behaviour("R-D5")})
     write_fixture(d, "R-D6", {**paper_values(registry, "R-D6", smollm_fp32_vanilla_own_p2c_seeds=[0.541, 0.523, 0.53]),
                               **r_d6_row_cells(3), **values_of(R_D6_EXTRA, "difference")})
     write_fixture(d, "R-D18", {**paper_values(registry, "R-D18"), **values_of(R_D18_EXTRA, "difference")})
@@ -96,6 +111,8 @@ def demo_results(registry, tmp_path):
         values = {key: {"value": exp.value, "statistic": exp.stat, "artifact": "fixture"} for key, exp in keys.items()}
         if rid == "R-D6":
             values.update(r_d6_row_cells(1))
+        if rid in BEHAVIOUR:
+            values = {**behaviour(rid, valid=1.0), **values}
         if rid == "R-D5":     # one training seed: each arm's per-seed list holds its seed-mean micro-F1
             values.update({f"{row}_microf1_seeds": {"value": [keys[f"{row}_microf1"].value], "statistic": "micro-F1",
                                                     "artifact": "fixture"}
@@ -189,19 +206,19 @@ def test_paper_profile_cells_are_the_numbers_files_values(registry, paper_result
 
     t46 = md_sections(md["table46"])
     assert list(t46) == [qwen, smol]
-    assert t46[qwen]["untrained"] == ["0.104", "0.987", "–", "–"]
-    assert t46[qwen]["Vanilla CoT-KD (fp32), seeds"] == ["0.193 / 0.183 / 0.185", "0.830", "–", "–"]
+    assert t46[qwen]["untrained"] == ["0.104", "0.987", "0.010", "400"]
+    assert t46[qwen]["Vanilla CoT-KD (fp32), seeds"] == ["0.193 / 0.183 / 0.185", "0.830", "0.010", "400"]
     assert t46[qwen]["Feature-KD, seeds"] == ["–", "–", "–", "–"]
     assert t46[qwen]["DistiLLM-2 (1 seed)"] == ["0.187", "–", "–", "–"]
     assert t46[qwen]["OPD (1 seed)"] == ["0.179", "0.973", "–", "–"]
-    assert t46[qwen]["Vanilla CoT-KD (bf16), seeds"] == ["0.136 / 0.148 / 0.147", "–", "–", "–"]
-    assert t46[qwen]["Mistill, seeds"] == ["0.151 / 0.148 / 0.149", "0.850", "–", "–"]
-    assert t46[smol]["untrained"] == ["0.003", "0.153", "–", "–"]
-    assert t46[smol]["Vanilla CoT-KD (fp32), seeds"] == ["0.148 / 0.113 / 0.129", "0.547", "–", "–"]
+    assert t46[qwen]["Vanilla CoT-KD (bf16), seeds"] == ["0.136 / 0.148 / 0.147", "0.900", "0.020", "401"]
+    assert t46[qwen]["Mistill, seeds"] == ["0.151 / 0.148 / 0.149", "0.850", "0.010", "400"]
+    assert t46[smol]["untrained"] == ["0.003", "0.153", "0.020", "401"]
+    assert t46[smol]["Vanilla CoT-KD (fp32), seeds"] == ["0.148 / 0.113 / 0.129", "0.547", "0.020", "401"]
     assert t46[smol]["Feature-KD (1 seed)"] == ["0.062", "0.360", "–", "–"]
     assert t46[smol]["GOLD (1 seed)"] == ["0.000", "0.613", "–", "–"]
-    assert t46[smol]["Vanilla CoT-KD (bf16), seeds"] == ["0.055 / 0.050 / 0.052", "0.380", "–", "–"]
-    assert t46[smol]["Mistill, seeds"] == ["0.060 / 0.058 / 0.061", "0.289", "–", "–"]
+    assert t46[smol]["Vanilla CoT-KD (bf16), seeds"] == ["0.055 / 0.050 / 0.052", "0.380", "0.040", "403"]   # R-D17's valid
+    assert t46[smol]["Mistill, seeds"] == ["0.060 / 0.058 / 0.061", "0.289", "0.030", "402"]
 
     # a per-seed cell shows one entry per seed of the paper's three
     for text in md.values():
@@ -257,7 +274,6 @@ def test_demo_profile_shows_one_seed_and_fills_every_cell_it_computes(registry, 
         ("table46", qwen, "OPD (1 seed)", "micro-F1"), ("table46", qwen, "OPD (1 seed)", "valid"),
         ("table46", smol, "Feature-KD (1 seed)", "micro-F1"), ("table46", smol, "Feature-KD (1 seed)", "valid"),
         ("table46", smol, "GOLD (1 seed)", "micro-F1"), ("table46", smol, "GOLD (1 seed)", "valid"),
-        ("table46", smol, "Vanilla CoT-KD (bf16), seeds", "valid"),
     }
     assert report.claimed == set()
     # the seed-matched lines the demo computes: R-D6's differences, R-D18's counts, sign tests and task intervals

@@ -184,6 +184,27 @@ def seed_mean_sd(seeds: dict[int, ArmSeed], metric: str) -> tuple[float, float |
     return (statistics.fmean(per_seed), statistics.stdev(per_seed) if len(per_seed) > 1 else None, per_seed)
 
 
+GENERATION_BEHAVIOUR = ("cap_share", "mean_new_tokens")
+
+
+def generation_behaviour(seeds: dict[int, ArmSeed], row: str) -> dict[str, dict]:
+    """`<row>_cap_share` (share of test generations that reached the token cap) and `<row>_mean_new_tokens`
+    (generated tokens per test note), each the mean over seeds of the per-seed value (Table 46's columns);
+    nothing when a seed's generations lack the per-note `hit_cap` and `n_new_tokens` fields."""
+    caps, tokens = [], []
+    for seed in sorted(seeds):
+        rows = list(seeds[seed].generations.values())
+        if not rows or any("hit_cap" not in r or "n_new_tokens" not in r for r in rows):
+            return {}
+        caps.append(statistics.fmean(bool(r["hit_cap"]) for r in rows))
+        tokens.append(statistics.fmean(int(r["n_new_tokens"]) for r in rows))
+    over = f"mean over {seeds_text(seeds)}"
+    return {f"{row}_cap_share": value(statistics.fmean(caps), f"share of test generations that reached the "
+                                      f"token cap, {over}", where(seeds)),
+            f"{row}_mean_new_tokens": value(statistics.fmean(tokens), f"generated tokens per test note, {over}",
+                                            where(seeds))}
+
+
 def seeds_text(seeds: dict) -> str:
     ordered = sorted(seeds)
     return f"{len(ordered)} seed{'s' if len(ordered) != 1 else ''} ({', '.join(map(str, ordered))})"
