@@ -10,10 +10,10 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from mistill.baselines import distillm2 as d2
+from mistill.baselines import feature_kd as fkd
 from mistill.distill import objective as obj
 from mistill.distill import pooled_attention as pa
-from mistill.distill.baselines import distillm2 as d2
-from mistill.distill.baselines import feature_kd as fkd
 from mistill.errors import UserError
 
 # ---------------------------------------------------------------------------------------------
