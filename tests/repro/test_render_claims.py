@@ -1,5 +1,7 @@
 """Strict rendering is scoped to what the active profile claims: its required statuses' results, its keys."""
 
+import json
+
 import pytest
 
 from mistill.cli import main
@@ -117,3 +119,17 @@ def test_rows_name_the_profiles_own_models(registry, demo_results, tmp_path, mon
                                                                      "distill": {"seeds": [0]}})
     with pytest.raises(UserError, match=r"profile demo: params labels.models names no 'student_qwen' \(it names: teacher\)"):
         render(registry, demo_results, tmp_path / "again", strict=False)
+
+
+def test_table3_shows_every_row_the_demo_computed(registry, tmp_path):
+    """After `dvc repro R-D6` (the committed numbers files), Table 3 has no ?? in a row the demo trains: the seed-grid
+    and λ arms it does not train (R-D17, R-D30) are the only gaps."""
+    render(registry, REPO / "results", tmp_path / "build", strict=True)
+    rows = [line for line in (tmp_path / "build" / "tables" / "table3.md").read_text().splitlines()
+            if line.startswith("| ") and not line.startswith("| ***") and not line.startswith("| Arm")]
+    gaps = [line.split(" | ")[0][2:] for line in rows if MISSING in line]
+    assert gaps == ["Mistill (fp32, lambda 0.1), seeds", "Mistill (fp32, lambda 0.01), seeds"]
+    assert len(rows) == 12
+    mistill = next(line for line in rows if line.startswith("| Mistill, seeds"))
+    numbers = json.loads((REPO / "results" / "R-D6.json").read_text())["values"]
+    assert mistill.split(" | ")[3] == f"{numbers['qwen_mistill_own_p2c_seeds']['value'][0]:.3f}"
