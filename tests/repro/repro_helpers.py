@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import shutil
 import subprocess
 from pathlib import Path
 
@@ -40,3 +41,13 @@ def commit_all(root: Path, *, init: bool = False) -> None:
         git("init", "-q")
     git("add", "-A")
     git("commit", "-q", "--allow-empty", "-m", "fixture")
+
+
+def templates_with(root: Path, tables) -> Path:
+    """A templates directory under `root` holding the shared layout and only the named table templates (no figure
+    specs), so a test renders its tables in a fraction of a second."""
+    (root / "tables").mkdir(parents=True, exist_ok=True)
+    shutil.copy(REPO / "paper" / "templates" / "_layout.j2", root / "_layout.j2")
+    for name in tables:
+        shutil.copy(REPO / "paper" / "templates" / "tables" / f"{name}.j2", root / "tables" / f"{name}.j2")
+    return root

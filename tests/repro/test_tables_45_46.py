@@ -6,15 +6,13 @@ the demo's (one seed).
 """
 
 import json
-import shutil
 
 import pytest
 
 from mistill.repro.labels import model_name, model_names
 from mistill.repro.render import MISSING, render_paper
-from tests.repro.repro_helpers import REPO, paper_values, write_fixture
+from tests.repro.repro_helpers import REPO, paper_values, templates_with, write_fixture
 
-TEMPLATES = REPO / "paper" / "templates"
 TABLES = ("table45", "table46")
 T45 = ["Arm", "M4 P1", "M4 P2", "M4 P2C", "M2 lift", "prefix", "task"]
 T46 = ["Arm", "micro-F1", "valid", "cap", "tokens"]
@@ -77,12 +75,7 @@ R_D18_EXTRA = {
 @pytest.fixture
 def templates(tmp_path):
     """The two templates and the shared layout alone (no other table, no figure)."""
-    d = tmp_path / "templates"
-    (d / "tables").mkdir(parents=True)
-    shutil.copy(TEMPLATES / "_layout.j2", d / "_layout.j2")
-    for t in TABLES:
-        shutil.copy(TEMPLATES / "tables" / f"{t}.j2", d / "tables" / f"{t}.j2")
-    return d
+    return templates_with(tmp_path / "templates", TABLES)
 
 
 @pytest.fixture

@@ -3,14 +3,12 @@ on fixture numbers files at the paper's values and on the committed demo numbers
 
 import json
 import re
-import shutil
 
 import pytest
 
 from mistill.repro.render import MISSING, render_paper
-from tests.repro.repro_helpers import REPO, paper_values, write_fixture
+from tests.repro.repro_helpers import REPO, paper_values, templates_with, write_fixture
 
-TEMPLATES = REPO / "paper" / "templates"
 TABLES = {"table6": "R-C1", "table7": "R-C1", "table8": "R-C2"}
 KINDS = {"P1 (chapter)": "p1", "P2 (character)": "p2", "P2C (contrastive)": "p2c", "NULL": "null"}
 DETACHED, INTACT, IG = ("detached hook (attribution pass)", "intact graph (corrected hook)",
@@ -30,12 +28,7 @@ def md_header(text):
 @pytest.fixture
 def templates(tmp_path):
     """These three tables and the shared layout alone (no figures): each render takes a fraction of a second."""
-    d = tmp_path / "templates"
-    (d / "tables").mkdir(parents=True)
-    shutil.copy(TEMPLATES / "_layout.j2", d / "_layout.j2")
-    for name in TABLES:
-        shutil.copy(TEMPLATES / "tables" / f"{name}.j2", d / "tables" / f"{name}.j2")
-    return d
+    return templates_with(tmp_path / "templates", TABLES)
 
 
 @pytest.fixture

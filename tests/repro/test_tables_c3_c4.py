@@ -4,14 +4,12 @@ that no figure is drawn."""
 
 import json
 import re
-import shutil
 
 import pytest
 
 from mistill.repro.render import MISSING, render_paper
-from tests.repro.repro_helpers import REPO, paper_values, write_fixture
+from tests.repro.repro_helpers import REPO, paper_values, templates_with, write_fixture
 
-TEMPLATES = REPO / "paper" / "templates"
 TABLES = ("table10", "table11", "table13", "table14")
 NEC = "Necessity (share of the clean margin destroyed by mean-ablation; >1: flipped)"
 KIN = "Knock-in recovery in another patient's context"
@@ -20,12 +18,7 @@ NAMED = "Named heads: I_c in nats (rank)"
 
 @pytest.fixture(scope="module")
 def templates(tmp_path_factory):
-    root = tmp_path_factory.mktemp("templates")
-    (root / "tables").mkdir()
-    shutil.copy(TEMPLATES / "_layout.j2", root / "_layout.j2")
-    for name in TABLES:
-        shutil.copy(TEMPLATES / "tables" / f"{name}.j2", root / "tables" / f"{name}.j2")
-    return root
+    return templates_with(tmp_path_factory.mktemp("templates"), TABLES)
 
 
 def render(registry, results, out, templates, profile="paper"):
