@@ -69,6 +69,11 @@ def results(registry, tmp_path):
                                **{k: {"value": x, "statistic": "share", "artifact": "fixture"} for k, x in qwen.items()}})
     write_fixture(d, "R-D6", {**paper_values(registry, "R-D6", smollm_fp32_vanilla_own_p2c_seeds=[0.419, 0.42, 0.43]),
                               **R_D6_ROW_CELLS})
+    # Table 2's valid rates of the Qwen3-4B arms: the readers' own keys (the paper's text prints none)
+    valid = {"statistic": "share of generations valid", "artifact": "fixture"}
+    write_fixture(d, "R-D2", {**paper_values(registry, "R-D2"), "qwen_vanilla_fp32_valid_rate": {"value": 0.83, **valid}})
+    write_fixture(d, "R-D5", {**paper_values(registry, "R-D5"), "qwen_vanilla_bf16_valid_rate": {"value": 0.81, **valid},
+                              "qwen_mistill_valid_rate": {"value": 0.85, **valid}})
     return d
 
 
@@ -100,7 +105,7 @@ def test_tables_render_every_cell_from_numbers_files(registry, results, tmp_path
     assert md_row(t1, "top-8")[1:] == ["0.62", "0.78", "0.63 |"]
     assert md_row(t1, "notes: top-40 beats random")[1:] == ["100", "100", "92 |"]
     t2 = (out / "tables" / "table2.tex").read_text()
-    assert r"Vanilla CoT-KD (fp32) & 0.187 $\pm$ 0.007 & -- & 0.267 & 0.173 & 1.516 & 0.888 & -- & 0.791 \\" in t2
+    assert r"Vanilla CoT-KD (fp32) & 0.187 $\pm$ 0.007 & 0.830 & 0.267 & 0.173 & 1.516 & 0.888 & -- & 0.791 \\" in t2
     t3 = (out / "tables" / "table3.md").read_text()
     assert md_row(t3, "untrained")[1] == "0.946 (0.043)"
     assert md_row(t3, "Mistill, seeds")[3] == "0.873 / 0.870 / 0.874"
@@ -198,6 +203,8 @@ def test_per_seed_cells_follow_the_profiles_seeds(registry, results, tmp_path, m
     render(registry, results, tmp_path / "one")
     t3 = (tmp_path / "one" / "tables" / "table3.md").read_text()
     assert md_row(t3, "Mistill, seeds")[1:4] == ["0.610", "0.610", "0.610"]
+    t2 = (tmp_path / "one" / "tables" / "table2.md").read_text()     # one seed: the mean, no "± sd"
+    assert md_row(t2, "Vanilla CoT-KD (fp32)")[1] == "0.187"
 
 
 def test_strict_mode_fails_on_a_missing_number_and_writes_nothing(registry, results, tmp_path):

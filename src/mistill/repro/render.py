@@ -14,6 +14,7 @@ A cell that more than one result can hold reads ``first(("R-D12", "qwen_mistill_
 writes R-D12; a profile with one training seed writes the same medians under R-D6), shown ``??`` only when
 none does.  ``per_seed(("R-D12", key), ("R-D6", key))`` is that cell for each seed of the profile's
 ``distill.seeds``, joined ``a / b / c``: the demo's one seed shows one number, the paper's three show three.
+``pm_seeds((id, mean_key), (id, sd_key))`` is "mean ± sd" over the seeds, or the mean alone under a one-seed profile.
 A row that names a model says ``model("student_qwen")``: the profile's own name for it
 (params ``labels.models``, `mistill.repro.labels`), so the demo's tables never call its tiny
 models Qwen3-4B; a figure's titles write ``{student_qwen}``.
@@ -182,7 +183,8 @@ def render_paper(registry: Registry, *, results_dir: str | Path, out_dir: str | 
             lookup = _Lookup(registry, numbers, digits, reads, template_path.name, missing, claims, report.claimed)
             try:
                 text = env.get_template(template_path.name).render(
-                    v=lookup, first=lookup.first, per_seed=lookup.per_seed(seed_count), fmt=fmt)
+                    v=lookup, first=lookup.first, per_seed=lookup.per_seed(seed_count),
+                    pm_seeds=lookup.mean_sd(seed_count), fmt=fmt)
             except jinja2.TemplateError as err:
                 line = f" line {err.lineno}" if getattr(err, "lineno", None) else ""
                 raise UserError(f"{template_path}:{line} {err.message}") from None
@@ -361,6 +363,15 @@ class _Lookup:
             row = [self.first(*((rid, key, i) for rid, key in refs)) for i in range(seed_count)]
             return Joined(tuple(_interleave(row, " / ")))
         return cells
+
+    def mean_sd(self, seed_count: int):
+        """`pm_seeds((id, mean_key), (id, sd_key))`: "mean ± sd" over the profile's seeds, or the mean alone under a
+        profile that trains one seed (a sample s.d. needs two)."""
+        def cell(mean_ref, sd_ref):
+            if seed_count < 2:
+                return self(*mean_ref)
+            return Joined((self(*mean_ref), " ± ", self(*sd_ref)))
+        return cell
 
     def _cell(self, result_id: str, key: str, index: int | None = None) -> Cell:
         if result_id not in self.registry.results:
