@@ -45,7 +45,7 @@ def test_every_figure_renders_from_the_committed_results(registry, results, tmp_
     # does not produce, and are missing-data placeholders
     for name in ("repro-knockin-by-k", "repro-own-heads", "repro-margins", "repro-task-by-arm", "figure4"):
         assert not figs[name].placeholder and figs[name].drawn > 0, name
-    assert not figs["repro-own-heads"].missing and figs["repro-own-heads"].drawn == 15
+    assert not figs["repro-own-heads"].missing and figs["repro-own-heads"].drawn == 19
     assert sorted(f.name for f in report.figures.placeholders) == [f"figure{i}" for i in (1, 3, 5, 7, 8)]
     assert "R-C6" in figs["figure1"].placeholder
     # Figure 2 is partial: the main arms the demo trained drawn from R-D6 (untrained, bf16 Vanilla and Mistill per
