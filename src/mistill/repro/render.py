@@ -330,7 +330,8 @@ def profile_seeds(root: str | Path, profile: str) -> list[int]:
 
 
 class _Lookup:
-    """`v(id, key, i)` for a template, with `first(...)` and `per_seed(...)`; records every gap it shows."""
+    """`v(id, key, i)` for a template, with `first(...)`, `per_seed(...)` and `pm_seeds(...)`; records every gap it
+    shows (a reference `first` passes over because another holds the cell is not a gap)."""
 
     def __init__(self, registry: Registry, numbers: dict[str, NumbersFile], digits: dict[tuple[str, str], int],
                  reads: list[str], template: str, missing: list[str], claims: dict[str, dict[str, Any]],
