@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import shutil
 import subprocess
 from pathlib import Path
@@ -51,3 +52,27 @@ def templates_with(root: Path, tables) -> Path:
     for name in tables:
         shutil.copy(REPO / "paper" / "templates" / "tables" / f"{name}.j2", root / "tables" / f"{name}.j2")
     return root
+
+
+def md_cells(line: str) -> list[str]:
+    """The cells of one rendered Markdown table line, label first (a `\\|` inside a cell is not a border)."""
+    return [cell.strip() for cell in re.split(r"(?<!\\)\|", line.strip())[1:-1]]
+
+
+def md_table(text: str) -> dict[str | None, dict[str, list[str]]]:
+    """Section title -> {row label: [cells after the label]} of a rendered Markdown table; rows before the first
+    section (the header among them) sit under None.  A label twice in one section is an error."""
+    sections: dict[str | None, dict[str, list[str]]] = {}
+    current: str | None = None
+    for line in text.splitlines():
+        if not line.startswith("| "):
+            continue
+        cells = md_cells(line)
+        if cells[0].startswith("***"):
+            current = cells[0].strip("*")
+            sections.setdefault(current, {})
+            continue
+        rows = sections.setdefault(current, {})
+        assert cells[0] not in rows, f"two rows {cells[0]!r} in section {current!r}"
+        rows[cells[0]] = cells[1:]
+    return sections

@@ -11,7 +11,7 @@ import pytest
 
 from mistill.repro.labels import model_name, model_names
 from mistill.repro.render import MISSING, render_paper
-from tests.repro.repro_helpers import REPO, paper_values, templates_with, write_fixture
+from tests.repro.repro_helpers import REPO, md_cells, md_table, paper_values, templates_with, write_fixture
 
 TABLES = ("table45", "table46")
 T45 = ["Arm", "M4 P1", "M4 P2", "M4 P2C", "M2 lift", "prefix", "task"]
@@ -120,21 +120,9 @@ def render(registry, results, out, templates, profile="paper", strict=False):
     return report, {t: (out / "tables" / f"{t}.md").read_text() for t in TABLES}
 
 
-def row_cells(line):
-    """The cells of one Markdown table line, label first."""
-    return [c.strip() for c in line.strip()[2:-2].split(" | ")]
-
-
 def md_sections(text):
-    """Section title -> {row label: [cells]} of a rendered Markdown table."""
-    sections, current = {}, None
-    for line in text.splitlines():
-        if line.startswith("| ***"):
-            current = sections.setdefault(line.split("***")[1], {})
-        elif line.startswith("| ") and current is not None:
-            cells = row_cells(line)
-            current[cells[0]] = cells[1:]
-    return sections
+    """Section title -> {row label: [cells]} of a rendered Markdown table (the rows under a section)."""
+    return {section: rows for section, rows in md_table(text).items() if section is not None}
 
 
 def cell(text, section, label, column, columns):
@@ -316,7 +304,7 @@ def test_changing_one_number_moves_exactly_its_cell(registry, paper_results, tem
     for t, lines in ((table, 1), (next(t for t in TABLES if t != table), other)):
         diff = [(a, b) for a, b in zip(before[t].splitlines(), after[t].splitlines()) if a != b]
         assert len(diff) == lines, t
-        for a, b in ((row_cells(a), row_cells(b)) for a, b in diff):
+        for a, b in ((md_cells(a), md_cells(b)) for a, b in diff):
             assert len(a) == len(b) and sum(x != y for x, y in zip(a, b)) == 1
             assert shown in b
     tex = (tmp_path / "after" / "tables" / f"{table}.tex").read_text()

@@ -7,7 +7,7 @@ import re
 import pytest
 
 from mistill.repro.render import MISSING, render_paper
-from tests.repro.repro_helpers import REPO, paper_values, templates_with, write_fixture
+from tests.repro.repro_helpers import REPO, md_cells, paper_values, templates_with, write_fixture
 
 TABLES = {"table6": "R-C1", "table7": "R-C1", "table8": "R-C2"}
 KINDS = {"P1 (chapter)": "p1", "P2 (character)": "p2", "P2C (contrastive)": "p2c", "NULL": "null"}
@@ -18,7 +18,7 @@ DETACHED, INTACT, IG = ("detached hook (attribution pass)", "intact graph (corre
 def md_row(text, label):
     """The cells of the Markdown row labelled `label` (label first, without the table's pipes)."""
     line = next(line for line in text.splitlines() if line.startswith(f"| {label} |"))
-    return [cell.strip() for cell in line.strip().strip("|").split(" | ")]
+    return md_cells(line)
 
 
 def md_header(text):

@@ -8,7 +8,7 @@ import re
 import pytest
 
 from mistill.repro.render import MISSING, render_paper
-from tests.repro.repro_helpers import REPO, paper_values, templates_with, write_fixture
+from tests.repro.repro_helpers import REPO, md_table, paper_values, templates_with, write_fixture
 
 TABLES = ("table10", "table11", "table13", "table14")
 NEC = "Necessity (share of the clean margin destroyed by mean-ablation; >1: flipped)"
@@ -34,17 +34,7 @@ def paper_fixture(registry, results, **overrides):
 
 def md_rows(text):
     """{(section, label): [cells]} of a rendered Markdown table (section None before the first)."""
-    rows, section = {}, None
-    for line in text.splitlines():
-        if not line.startswith("| "):
-            continue
-        cells = [c.strip() for c in re.split(r"(?<!\\)\|", line)[1:-1]]
-        if cells[0].startswith("***"):
-            section = cells[0].strip("*")
-            continue
-        assert (section, cells[0]) not in rows, f"two rows {cells[0]!r} in section {section!r}"
-        rows[(section, cells[0])] = cells[1:]
-    return rows
+    return {(section, label): cells for section, rows in md_table(text).items() for label, cells in rows.items()}
 
 
 def md_row(text, label, section=None):
