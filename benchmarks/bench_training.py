@@ -184,7 +184,7 @@ def run_arm(arm_name: str, args, batch: arms.NoteBatch, pools) -> dict:
     cfg = TrainConfig(precision="bf16", gradient_checkpointing=True,
                       offload_checkpoints=bool(args.offload) and device.type == "cuda", mlp_chunk=args.mlp_chunk)
     model = prepare_model(model, cfg)
-    opt, _ = make_optimizer(model, cfg, total_steps=10)
+    opt, _ = make_optimizer(list(model.parameters()), cfg, total_steps=10)
     arm = arms.ArmConfig(arm=arm_name, window=args.window, logit_chunk=args.logit_chunk, row_chunk=args.row_chunk)
     rows_hook = SupervisedRows(model, supervised_layers(pools, pools["P1"]), row_chunk=args.row_chunk) \
         if arm_name == "mistill" else None

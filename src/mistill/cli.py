@@ -20,13 +20,14 @@ GROUPS = {
     "models": "tokenizers, tiny demo models, generation, teacher traces",
     "instrument": "events, attribution, patching, knock-in, calibration",
     "distill": "span buckets, teacher targets, head pools, training arms",
+    "baselines": "the baseline arms of Table 2: Feature-KD, DistiLLM-2",
     "evaluate": "task, fidelity and mechanism metrics",
     "repro": "registry, numbers files, tolerance checks, paper rendering",
     "rehearsal": "the paper profile's chain on stand-ins, before any GPU hour is spent",
 }
 # The groups whose commands compute with torch: on a CPU without bf16 GEMM kernels their bf16 matrix
 # products run through fp32 (mistill.models.cpu_bf16).
-TORCH_GROUPS = ("models", "instrument", "distill", "evaluate")
+TORCH_GROUPS = ("models", "instrument", "distill", "baselines", "evaluate")
 
 
 def build_parser(group: str | None = None) -> argparse.ArgumentParser:

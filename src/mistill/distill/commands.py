@@ -66,17 +66,41 @@ def cmd_targets(args) -> int:
     return 0
 
 
-def cmd_train(args) -> int:
+def train_config(section: dict, precision: str, seed: int, lr: float | None = None):
+    """The shared recipe (params `distill.train`) for one precision arm and seed (App. J.2)."""
+    from mistill.distill.trainer import TrainConfig
+
+    return TrainConfig(epochs=int(section["epochs"]), batch=int(section["batch"]), lr=float(lr or section["lr"]),
+                       warmup_frac=float(section["warmup_frac"]), clip=float(section["clip"]), precision=precision,
+                       seed=seed, gradient_checkpointing=bool(section["gradient_checkpointing"]),
+                       offload_checkpoints=bool(section.get("offload_checkpoints", False)),
+                       mlp_chunk=int(section.get("mlp_chunk", 0)), save_every=int(section.get("save_every", 1)))
+
+
+def run_identity(student_spec, teacher_spec, targets_dir: Path, manifest: dict) -> dict:
+    """What a run's checkpoint must share to be resumed: the student's weights, the teacher and the
+    targets' content (not only their directory)."""
     import hashlib
 
+    from mistill.io import file_sha256
+
+    weights = Path(str(student_spec)) / "model.safetensors"
+    targets_sha256 = hashlib.sha256("".join(f"{n}:{file_sha256(targets_dir / f'{n}.npz')};"
+                                            for n in manifest["notes"]).encode()).hexdigest()
+    return {"student": str(student_spec), "student_sha256": file_sha256(weights) if weights.exists() else None,
+            "teacher": str(teacher_spec), "teacher_hash": manifest["teacher_hash"], "targets_sha256": targets_sha256,
+            "targets": str(targets_dir)}
+
+
+def cmd_train(args) -> int:
     import torch
 
     from mistill.distill import arms
     from mistill.distill import pools as pl
     from mistill.distill.runs import run_dir
     from mistill.distill.targets import check_teacher, read_note_targets
-    from mistill.distill.trainer import TrainConfig, Trainer, precision_dtype
-    from mistill.io import file_sha256, provenance
+    from mistill.distill.trainer import Trainer, precision_dtype
+    from mistill.io import provenance
     from mistill.models.fingerprint import model_fingerprint
     from mistill.models.loading import ModelSpec, load_model, load_tokenizer, resolve_device, set_threads
 
@@ -117,21 +141,10 @@ def cmd_train(args) -> int:
     for note_id in manifest["notes"]:
         meta, arrays = read_note_targets(targets_dir / f"{note_id}.npz")
         notes.append(arms.prepare_note(meta, arrays, student_tok, teacher_tok, arm))
-    tc = cfg["train"]
-    train_cfg = TrainConfig(epochs=int(tc["epochs"]), batch=int(tc["batch"]), lr=float(args.lr or tc["lr"]),
-                            warmup_frac=float(tc["warmup_frac"]), clip=float(tc["clip"]), precision=precision,
-                            seed=seed, gradient_checkpointing=bool(tc["gradient_checkpointing"]),
-                            offload_checkpoints=bool(tc.get("offload_checkpoints", False)),
-                            mlp_chunk=int(tc.get("mlp_chunk", 0)), save_every=int(tc.get("save_every", 1)))
+    train_cfg = train_config(cfg["train"], precision, seed, lr=args.lr)
     out = Path(args.out) if args.out else run_dir(cfg["runs_dir"], student_key, args.arm, precision, seed)
-    weights = Path(str(student_spec)) / "model.safetensors"
-    # the targets' content, not only their directory: a run resumes only on the same targets
-    targets_sha256 = hashlib.sha256("".join(f"{n}:{file_sha256(targets_dir / f'{n}.npz')};"
-                                            for n in manifest["notes"]).encode()).hexdigest()
-    run_config = {"student": str(student_spec), "student_sha256": file_sha256(weights) if weights.exists() else None,
-                  "teacher": str(teacher_spec), "teacher_hash": manifest["teacher_hash"],
-                  "targets_sha256": targets_sha256,
-                  "targets": str(targets_dir), "pools": {p: v.as_dict() for p, v in (pools or {}).items()},
+    run_config = {**run_identity(student_spec, teacher_spec, targets_dir, manifest),
+                  "pools": {p: v.as_dict() for p, v in (pools or {}).items()},
                   "provenance": provenance({"distill": cfg}, seed=seed)}
     rows = Trainer(student, notes, arm, train_cfg, out, pools=pools, run_config=run_config,
                    restart_if_different=True).run(max_steps=args.max_steps)

@@ -9,6 +9,10 @@ in bf16 too); `fp32` = fp32 master weights under bf16 autocast.  A run writes `c
 losses, lr, step time, peak memory) and `checkpoint.pt` (model, optimiser, scheduler, step and
 every RNG state), so a resumed run continues exactly where it stopped; the final model goes to
 `model/`.
+
+The arms of this package are the trainer's own (`note_loss`); another arm subclasses `Trainer`,
+overrides `note_loss` and hands its extra trained modules (Feature-KD's adapters) to `extra`: they
+are optimised, clipped and checkpointed with the student, and saved beside it.
 """
 
 from __future__ import annotations
@@ -28,7 +32,7 @@ import torch
 from torch.utils.checkpoint import checkpoint
 from tqdm import tqdm
 
-from mistill.distill.arms import ArmConfig, NoteBatch, note_loss
+from mistill.distill.arms import ArmConfig, note_loss
 from mistill.distill.mechanism import supervised_layers
 from mistill.distill.pooled_attention import SupervisedRows
 from mistill.distill.pools import Pool
@@ -155,11 +159,11 @@ def prepare_model(model, cfg: TrainConfig):
     return model.train()
 
 
-def make_optimizer(model, cfg: TrainConfig, total_steps: int):
+def make_optimizer(parameters: list[torch.nn.Parameter], cfg: TrainConfig, total_steps: int):
     # fused AdamW on CUDA: one kernel, no parameter-sized temporaries (the foreach path allocates
     # several, which would set the run's peak memory at the optimiser step)
-    on_cuda = next(model.parameters()).is_cuda
-    opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, betas=cfg.betas, weight_decay=cfg.weight_decay,
+    on_cuda = parameters[0].is_cuda
+    opt = torch.optim.AdamW(parameters, lr=cfg.lr, betas=cfg.betas, weight_decay=cfg.weight_decay,
                             **({"fused": True} if on_cuda else {"foreach": False}))
     sched = torch.optim.lr_scheduler.LambdaLR(opt, cosine_with_warmup(total_steps, cfg.warmup_frac))
     return opt, sched
@@ -187,10 +191,13 @@ class Trainer:
     # what makes two runs the same run: a checkpoint is resumed only when all of these match
     RUN_IDENTITY = ("arm", "train", "example_ids", "student_sha256", "teacher_hash", "targets_sha256", "pools")
 
-    def __init__(self, model, notes: list[NoteBatch], arm: ArmConfig, cfg: TrainConfig, out_dir: Path, *,
-                 pools: dict[str, Pool] | None = None, run_config: dict | None = None, restart_if_different: bool = False):
+    def __init__(self, model, notes: list, arm: ArmConfig, cfg: TrainConfig, out_dir: Path, *,
+                 pools: dict[str, Pool] | None = None, run_config: dict | None = None, restart_if_different: bool = False,
+                 extra: torch.nn.Module | None = None):
         """`restart_if_different`: a checkpoint of another run in `out_dir` is discarded and the run starts
-        afresh (what a pipeline stage wants once its inputs changed); by default it is refused."""
+        afresh (what a pipeline stage wants once its inputs changed); by default it is refused.
+        `arm` is anything with `.arm` (its name) and `.as_dict()`; `extra`: modules trained with the
+        student (on its device), saved to `extra.pt` at the end."""
         if not notes:
             raise UserError("no training notes")
         if arm.arm == "mistill" and not pools:
@@ -200,9 +207,11 @@ class Trainer:
         self.out_dir = Path(out_dir)
         self.model = prepare_model(model, cfg)
         self.device = next(self.model.parameters()).device
+        self.extra = extra.to(self.device).train() if extra is not None else None
+        self.parameters = list(self.model.parameters()) + (list(extra.parameters()) if extra is not None else [])
         self.steps_per_epoch = math.ceil(len(notes) / cfg.batch)
         self.total_steps = self.steps_per_epoch * cfg.epochs
-        self.opt, self.sched = make_optimizer(self.model, cfg, self.total_steps)
+        self.opt, self.sched = make_optimizer(self.parameters, cfg, self.total_steps)
         self.step = 0
         self.rows_hook = None
         if arm.arm == "mistill":
@@ -220,6 +229,8 @@ class Trainer:
     def save_checkpoint(self) -> None:
         state = {"step": self.step, "model": self.model.state_dict(), "optimizer": self.opt.state_dict(),
                  "scheduler": self.sched.state_dict(), "rng": _rng_state(), "config": self.run_config}
+        if self.extra is not None:
+            state["extra"] = self.extra.state_dict()
         with atomic_open(self.checkpoint_path, "wb") as fh:
             torch.save(state, fh)
 
@@ -238,6 +249,8 @@ class Trainer:
             self.checkpoint_path.unlink()
             return False
         self.model.load_state_dict(state["model"])
+        if self.extra is not None:
+            self.extra.load_state_dict(state["extra"])
         self.opt.load_state_dict(state["optimizer"])
         self.sched.load_state_dict(state["scheduler"])
         _set_rng_state(state["rng"])
@@ -252,6 +265,10 @@ class Trainer:
         return True
 
     # -- training -------------------------------------------------------------------------
+    def note_loss(self, batch) -> tuple[torch.Tensor, dict]:
+        """One note's loss and its log under this trainer's arm."""
+        return note_loss(self.model, batch, self.arm, self.pools, self.rows_hook)
+
     def _batches(self):
         for step in range(self.step, self.total_steps):
             epoch, within = divmod(step, self.steps_per_epoch)
@@ -267,10 +284,10 @@ class Trainer:
         autocast = torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=self.cfg.precision == "fp32")
         for i in indices:
             with autocast:
-                loss, log = note_loss(self.model, self.notes[i], self.arm, self.pools, self.rows_hook)
+                loss, log = self.note_loss(self.notes[i])
             (loss / len(indices)).backward()
             logs.append(log)
-        grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.cfg.clip)
+        grad_norm = torch.nn.utils.clip_grad_norm_(self.parameters, self.cfg.clip)
         lr = self.sched.get_last_lr()[0]
         self.opt.step()
         self.sched.step()
@@ -304,4 +321,7 @@ class Trainer:
                 self.save_checkpoint()
         if self.step == self.total_steps:
             self.model.save_pretrained(self.out_dir / "model")
+            if self.extra is not None:
+                with atomic_open(self.out_dir / "extra.pt", "wb") as fh:
+                    torch.save(self.extra.state_dict(), fh)
         return rows
