@@ -22,6 +22,7 @@ from scipy.stats import spearmanr
 from mistill.errors import UserError
 from mistill.evaluate.compare import arm_values, clustered, knockin_rows, note_recovery, seed_dirs
 from mistill.evaluate.own_heads import arm_dirs
+from mistill.evaluate.readout import baseline_label
 from mistill.instrument.attribution import fidelity
 from mistill.instrument.calibration import calibrate, note_contrast
 from mistill.instrument.global_sets import head_sets, phase_scores
@@ -245,15 +246,45 @@ def paper_evaluations(tmp_path_factory):
             write_arm(root / "artifacts", label, seed, preds, m1)
             write_json(root / "artifacts" / "DT-eval" / f"{label}-s{seed}" / "fidelity.json",
                        {"metrics": {"bleu4": 0.17, "ppl_median": 1.5, "las": 0.27}})
+    for arm, section in params["baselines"].items():   # the baseline arms' runs (R-D3, R-D4)
+        for run in section["runs"].values():
+            label = baseline_label(params, arm, run["student"])
+            preds = {n: sorted(rng.choice(codes, 2, replace=False).tolist()) for n in GOLD}
+            write_arm(root / "artifacts", label, run["seed"], preds, m1)
+            write_json(root / "artifacts" / "DT-eval" / f"{label}-s{run['seed']}" / "fidelity.json",
+                       {"metrics": {"bleu4": 0.2, "ppl_median": 1.6}})
     return params
 
 
-@pytest.mark.parametrize("rid", ["R-D1", "R-D2", "R-D5"])
+@pytest.mark.parametrize("rid", ["R-D1", "R-D2", "R-D4", "R-D5"])
 def test_distillation_readers_write_the_paper_keys_on_paper_shaped_evaluations(paper_evaluations, rid):
     module = reader(rid)
     values, _ = module.compute_values(paper_evaluations)
     _assert_writes_what_it_lists(module, paper_evaluations, values)
-    assert set(REGISTRY.expected("paper").values[rid]) <= set(values)
+    assert set(REGISTRY.expected("paper").values[rid]) - set(REGISTRY.results[rid].unproduced_keys) <= set(values)
+
+
+def test_r_d3_writes_the_paper_keys_on_paper_shaped_evaluations_and_own_heads(paper_evaluations):
+    """Feature-KD's task rows from the evaluations, its own-heads cells from M6 chains of both students'
+    Feature-KD runs and of fp32 Vanilla CoT-KD."""
+    params = copy.deepcopy(paper_evaluations)
+    root = Path(params["paths"]["artifacts"])
+    k, rng, notes = max(params["evaluate"]["own_heads"]["bins"]), np.random.default_rng(4), list(GOLD)
+    labels = [(baseline_label(params, "featurekd", run["student"]), run["seed"])
+              for run in params["baselines"]["featurekd"]["runs"].values()]
+    labels += [(params["evaluate"]["own_heads"]["arms"][f"{family}_vanilla_fp32"], 0) for family in ("qwen", "smollm")]
+    for label, seed in labels:
+        m6 = arm_dirs(root, label, seed)[1]
+        for note in notes:
+            write_jsonl(m6 / note / "patch2.jsonl", _m6_rows(rng, k))
+        write_json(m6 / "faithfulness2.json", {"notes": notes, "bins": params["evaluate"]["own_heads"]["bins"]})
+    module = reader("R-D3")
+    values, _ = module.compute_values(params)
+    _assert_writes_what_it_lists(module, params, values)
+    assert set(REGISTRY.expected("paper").values["R-D3"]) - set(REGISTRY.results["R-D3"].unproduced_keys) <= set(values)
+    assert values["qwen_featurekd_microf1_seeds"]["value"] == pytest.approx(
+        [json.loads((root / "DT-eval" / f"{labels[0][0]}-s{s}" / "task.json").read_text())["metrics"]["micro_f1"]
+         for s in (0, 1, 2)])
 
 
 def _m6_rows(rng, k: int) -> list[dict]:

@@ -20,14 +20,21 @@ def test_a_job_per_training_run_with_its_evaluation_and_own_heads_chain():
     seeds, students = params["distill"]["seeds"], params["distill"]["students"]
     runs = len(seeds) * len(students) * (len(params["distill"]["vanilla_precisions"])
                                          + len(params["distill"]["mistill_precisions"]))
-    assert len(jobs) == runs
+    baseline_runs = {arm: len(section["runs"]) for arm, section in params["baselines"].items()}
+    assert len(jobs) == runs + sum(baseline_runs.values())
     for job in jobs:
         names = [stage for stage, _ in job.stages]
         key = job.name.split("@")[1]
         assert names[0] == job.name and all(n.endswith(f"@{key}") for n in names)
-        family = "vanilla" if job.name.startswith("DT-000") else "mistill"
-        assert sorted(n.split("@")[0] for n in names[1:]) == [f"EV-{family}", f"M6-{family}"]
-        assert job.stages[0][1].startswith("mistill distill train")
+        stage = job.name.split("@")[0]
+        if stage in ("DT-000", "DT-001"):
+            family = "vanilla" if stage == "DT-000" else "mistill"
+            assert sorted(n.split("@")[0] for n in names[1:]) == [f"EV-{family}", f"M6-{family}"]
+            assert job.stages[0][1].startswith("mistill distill train")
+        else:   # a baseline arm: its evaluation, and Feature-KD's own-heads chain
+            arm = stage.removeprefix("DT-000-")
+            assert sorted(n.split("@")[0] for n in names[1:]) == [f"EV-{arm}"] + (["M6-featurekd"] if arm == "featurekd" else [])
+            assert job.stages[0][1].startswith(f"mistill baselines train --arm {arm}")
     with pytest.raises(UserError, match="no stage DT-999"):
         arm_jobs(REPO, ["DT-999"])
 

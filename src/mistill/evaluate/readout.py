@@ -278,3 +278,82 @@ def per_note_mean_over_seeds(seeds, notes):
     from mistill.stats import mean_over_seeds
 
     return mean_over_seeds({s: per_note_f1(arm, notes) for s, arm in seeds.items()})
+
+
+# ---- the baseline arms of Table 2 (R-D3, R-D4) ----------------------------------------------------------------
+
+FAMILIES = {"qwen": "qwen", "smol": "smollm"}   # student label (params distill.students) -> the paper's key prefix
+
+
+def baseline_label(params: dict, arm: str, student: str) -> str:
+    """The evaluation label of a baseline arm's run for one student (runs of params baselines.<arm>.runs)."""
+    return f"student-{student}-{arm}-{params['baselines'][arm]['precision']}"
+
+
+def baseline_students(params: dict, arm: str) -> list[str]:
+    """The students a baseline arm trains under the profile, in the order its runs name them."""
+    runs = ((params.get("baselines") or {}).get(arm) or {}).get("runs") or {}
+    return list(dict.fromkeys(run["student"] for run in runs.values()))
+
+
+def baseline_seeds(params: dict, arm: str) -> dict[str, list[int]]:
+    """student -> the training seeds the profile runs for a baseline arm."""
+    runs = ((params.get("baselines") or {}).get(arm) or {}).get("runs") or {}
+    out: dict[str, list[int]] = {}
+    for run in runs.values():
+        out.setdefault(run["student"], []).append(int(run["seed"]))
+    return out
+
+
+def load_baseline(params: dict, arm: str, student: str) -> dict[int, ArmSeed]:
+    return load_arm(eval_root(params), baseline_label(params, arm, student))
+
+
+ROW_CELLS = ("microf1", "microf1_seeds", "valid_rate", *GENERATION_BEHAVIOUR, "bleu4", "trace_ppl", "m1_p1_p2_p2c")
+
+
+def row_cell_keys(prefix: str, n_seeds: int) -> list[str]:
+    """The keys `row_cells` writes for a row trained at `n_seeds` seeds."""
+    return [f"{prefix}_{cell}" for cell in ROW_CELLS] + ([f"{prefix}_microf1_sd"] if n_seeds >= 2 else [])
+
+
+def row_cells(prefix: str, seeds: dict[int, ArmSeed], notes) -> dict:
+    """One Table 2 row: micro-F1 (mean over seeds, s.d. with two or more, per seed), validity and generation
+    behaviour (means over seeds), and the lowest seed's fidelity (BLEU-4, median teacher-trace PPL) and M1."""
+    first = seeds[min(seeds)]
+    for arm in seeds.values():
+        answers(arm.generations, notes, arm.path / "generations.jsonl")   # every test note generated
+    mean, sd, per_seed = seed_mean_sd(seeds, "micro_f1")
+    over = f"{seeds_text(seeds)}, {len(notes)} test notes"
+    out = {f"{prefix}_microf1": value(mean, f"corpus micro-F1, mean over {over}", where(seeds)),
+           f"{prefix}_microf1_seeds": value(per_seed, f"corpus micro-F1 per seed, {over}", where(seeds)),
+           f"{prefix}_valid_rate": value(seed_mean_sd(seeds, "valid_rate")[0],
+                                         f"share of generations valid, mean over {over}", where(seeds))}
+    if sd is not None:
+        out[f"{prefix}_microf1_sd"] = value(sd, f"s.d. over {seeds_text(seeds)}", where(seeds))
+    out.update(generation_behaviour(seeds, prefix))
+    seed = f"seed {first.seed}"
+    if "bleu4" in first.fidelity:
+        out[f"{prefix}_bleu4"] = value(first.fidelity["bleu4"], "mean over test notes of sentence BLEU-4 of the "
+                                       f"reasoning block against the teacher's, {seed}", first.path / "fidelity.json")
+    if "ppl_median" in first.fidelity:
+        out[f"{prefix}_trace_ppl"] = value(first.fidelity["ppl_median"], "median over test notes of teacher-trace "
+                                           f"perplexity, {seed}", first.path / "fidelity.json")
+    shares = m1_shares(first)
+    if shares is not None:
+        out[f"{prefix}_m1_p1_p2_p2c"] = value(shares, f"{m1_text(first)}, {seed}", first.path / "m1.json")
+    return out
+
+
+def minus_reference(key: str, seeds: dict[int, ArmSeed], reference: dict[int, ArmSeed], notes, stats,
+                    what: str) -> dict:
+    """`key`: the paired per-note F1 difference of an arm against a reference row (seeds averaged per note),
+    with its bootstrap interval, Wilcoxon and sign tests (App. K "Statistics"); `<key>_interval`: the interval."""
+    from mistill.stats import paired_comparison
+
+    c = paired_comparison(per_note_mean_over_seeds(seeds, notes), per_note_mean_over_seeds(reference, notes),
+                          n_resamples=stats.bootstrap_resamples, seed=stats.bootstrap_seed, confidence=stats.confidence)
+    artifact, iv = f"{where(seeds)} vs {where(reference)}", c.mean_difference
+    return {key: value(iv.estimate, paired_text(c, what), artifact),
+            f"{key}_interval": value([iv.low, iv.high], f"{iv.confidence:.0%} percentile bootstrap interval of the mean per-note F1 "
+                                     f"difference ({iv.n_resamples} resamples, seed {iv.seed})", artifact)}

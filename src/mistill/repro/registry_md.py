@@ -49,7 +49,13 @@ def render_registry_md(registry: Registry) -> str:
              "interaction term, the removed write term): [docs/mistill_objective.md](docs/mistill_objective.md), "
              "`src/mistill/distill/objective.py`."),
             ("- Knock-in recovery, its range gate and donor matching (App. C, D): "
-             "`src/mistill/instrument/knockin.py`, `src/mistill/stats/effects.py`."), ""]
+             "`src/mistill/instrument/knockin.py`, `src/mistill/stats/effects.py`."),
+            ("- Feature-KD (App. J.3, prose only): the layer map, head-averaged bucket-pooled attention KL, RMS-normalised "
+             "hidden-state error through per-pair adapters, and the pairing of positions across tokenizers (tokens that "
+             "end at the same character of the completion): `src/mistill/baselines/feature_kd.py`, "
+             "`src/mistill/baselines/arms.py`."),
+            ("- DistiLLM-2's CALD (App. J.3), its skew KL and skew reverse KL, weighting and averaging as the official "
+             "code (fe4cf9b) computes them: `src/mistill/baselines/distillm2.py`."), ""]
     out += ["## Nondeterminism classes", ""]
     for name, cls in registry.classes.items():
         out.append(f"- **{name}** ({cls['name']}): {_md(cls['definition'])}")
