@@ -20,7 +20,7 @@ GROUPS = {
     "models": "tokenizers, tiny demo models, generation, teacher traces",
     "instrument": "events, attribution, patching, knock-in, calibration",
     "distill": "span buckets, teacher targets, head pools, training arms",
-    "baselines": "the baseline arms of Table 2: Feature-KD, DistiLLM-2",
+    "baselines": "the baseline arms of Table 2: Feature-KD, DistiLLM-2, OPD, GOLD",
     "evaluate": "task, fidelity and mechanism metrics",
     "repro": "registry, numbers files, tolerance checks, paper rendering",
     "rehearsal": "the paper profile's chain on stand-ins, before any GPU hour is spent",

@@ -245,14 +245,19 @@ def paper_evaluations(tmp_path_factory):
             preds["n1"] = GOLD["n1"]                      # a completed answer with a prediction
             write_arm(root / "artifacts", label, seed, preds, m1)
             write_json(root / "artifacts" / "DT-eval" / f"{label}-s{seed}" / "fidelity.json",
-                       {"metrics": {"bleu4": 0.17, "ppl_median": 1.5, "las": 0.27}})
+                       {"metrics": {"bleu4": 0.17, "ppl_median": 1.5, "las": 0.27},
+                        "per_note": {"bleu4": {n: float(rng.uniform()) for n in GOLD}}})
+    params["distill"]["runs_dir"] = str(root / "artifacts")
     for arm, section in params["baselines"].items():   # the baseline arms' runs (R-D3, R-D4)
         for run in section["runs"].values():
             label = baseline_label(params, arm, run["student"])
             preds = {n: sorted(rng.choice(codes, 2, replace=False).tolist()) for n in GOLD}
             write_arm(root / "artifacts", label, run["seed"], preds, m1)
             write_json(root / "artifacts" / "DT-eval" / f"{label}-s{run['seed']}" / "fidelity.json",
-                       {"metrics": {"bleu4": 0.2, "ppl_median": 1.6}})
+                       {"metrics": {"bleu4": 0.2, "ppl_median": 1.6},
+                        "per_note": {"bleu4": {n: float(rng.uniform()) for n in GOLD}}})
+            write_json(root / "artifacts" / "DT-000" / f"{label}-s{run['seed']}" / "config.json",
+                       {"example_ids": ["t1", "t2", "t3"], "completions_cut": 2})
     return params
 
 

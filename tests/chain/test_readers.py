@@ -43,7 +43,7 @@ def write_arm(root: Path, label: str, seed: int, preds: dict, m1_shares: dict | 
                            [preds[n] is not None for n in notes], TRAIN_GOLD)
     write_json(d / "task.json", {"metrics": metrics})
     if m1_shares is not None:
-        write_json(d / "m1.json", {"m1": {k: {"p_margin_positive": v["pooled"], "events": 10,
+        write_json(d / "m1.json", {"m1": {k: {"p_margin_positive": v["pooled"], "events": 10, "median_margin": 0.25,
                                               "per_note_share": v["per_note"]} for k, v in m1_shares.items()}})
 
 

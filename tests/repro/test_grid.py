@@ -34,7 +34,8 @@ def test_a_job_per_training_run_with_its_evaluation_and_own_heads_chain():
         else:   # a baseline arm: its evaluation, and Feature-KD's own-heads chain
             arm = stage.removeprefix("DT-000-")
             assert sorted(n.split("@")[0] for n in names[1:]) == [f"EV-{arm}"] + (["M6-featurekd"] if arm == "featurekd" else [])
-            assert job.stages[0][1].startswith(f"mistill baselines train --arm {arm}")
+            command = "onpolicy" if arm in ("opd", "gold") else "train"
+            assert job.stages[0][1].startswith(f"mistill baselines {command} --arm {arm}")
     with pytest.raises(UserError, match="no stage DT-999"):
         arm_jobs(REPO, ["DT-999"])
 

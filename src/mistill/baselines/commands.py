@@ -1,4 +1,5 @@
-"""`mistill baselines train`: the off-policy baseline arms of Table 2 (App. J.3) on the shared trainer."""
+"""`mistill baselines train`: the off-policy baseline arms of Table 2 (App. J.3) on the shared trainer;
+`mistill baselines onpolicy`: the on-policy arms (OPD, GOLD) through TRL."""
 
 from __future__ import annotations
 
@@ -81,6 +82,55 @@ def cmd_train(args) -> int:
     return 0
 
 
+def cmd_onpolicy(args) -> int:
+    import time
+
+    import torch
+
+    from mistill.baselines import onpolicy
+    from mistill.distill.commands import _load_traces
+    from mistill.distill.runs import run_dir
+    from mistill.io import provenance, read_json
+    from mistill.models.loading import ModelSpec, load_model, resolve_device, set_threads
+    from mistill.params import load_params
+
+    params = load_params()
+    cfg = params["distill"]
+    section = (params.get("baselines") or {}).get(args.arm)
+    if not section:
+        raise UserError(f"params.yaml has no baselines.{args.arm} section for the active profile "
+                        f"({params['profile']})")
+    config = onpolicy.OnPolicyConfig.from_params(args.arm, section, cfg["train"], lr=args.lr)
+    set_threads(params["models"])
+    device = resolve_device(params["models"].get("device"))
+    seed = int(args.seed)
+    targets_dir = Path(args.targets or cfg["targets_dir"])
+    manifest = read_json(targets_dir / "manifest.json", "targets manifest")
+    traces = onpolicy.training_traces(_load_traces(Path(cfg["traces"]), set(manifest["notes"])), manifest["notes"],
+                                      config.max_notes)
+    teacher_spec = params["models"]["teacher"]
+    # the teacher scores the rollouts as it wrote the traces: its dtype, YaRN and revision
+    teacher, teacher_tok = load_model(ModelSpec.from_params(params["models"], teacher_spec, base="teacher",
+                                                            attn_implementation="sdpa"), device=device)
+    torch.manual_seed(seed)
+    student_spec = params["models"].get(args.student, args.student)
+    student, student_tok = load_model(ModelSpec.from_params(params["models"], args.student, dtype="bfloat16",
+                                                            attn_implementation="sdpa"), device=device)
+    out = Path(args.out) if args.out else run_dir(cfg["runs_dir"], args.student, args.arm, "bf16", seed)
+    started = time.perf_counter()
+    run_config = onpolicy.train(
+        config, student, teacher, student_tok, teacher_tok, traces, out, seed, student_name=str(student_spec),
+        teacher_name=str(teacher_spec), max_steps=args.max_steps,
+        run_config={"targets": str(targets_dir), "traces": str(cfg["traces"]),
+                    "provenance": provenance({"baselines": {args.arm: section}, "distill": {"train": cfg["train"]}},
+                                             seed=seed)})
+    if hasattr(student_tok, "save") and (out / "model").exists():
+        student_tok.save(out / "model")
+    print(f"{args.arm}: {run_config['total_steps']} optimiser steps in all, "
+          f"{time.perf_counter() - started:.0f} s this run -> {out}")
+    return 0
+
+
 def register(subparsers) -> None:
     p = subparsers.add_parser("train", help="train one baseline arm: Feature-KD or DistiLLM-2 (App. J.3)")
     p.add_argument("--arm", choices=("featurekd", "distillm2"), required=True)
@@ -94,3 +144,14 @@ def register(subparsers) -> None:
     p.add_argument("--max-steps", type=int, help="stop after this many optimiser steps (resumable)")
     p.add_argument("--out", help="run directory (default: <runs_dir>/DT-000/student-<label>-<arm>-<precision>-s<seed>)")
     p.set_defaults(func=cmd_train)
+
+    p = subparsers.add_parser("onpolicy", help="train one on-policy baseline arm through TRL: OPD or GOLD (App. J.3)")
+    p.add_argument("--arm", choices=("opd", "gold"), required=True)
+    p.add_argument("--student", default="student_qwen", help="params models key (student_<label>)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--targets", help="teacher targets directory whose manifest names the training notes "
+                                     "(default: params distill.targets_dir)")
+    p.add_argument("--lr", type=float, help="default: params distill.train.lr (the shared recipe's)")
+    p.add_argument("--max-steps", type=int, help="stop after this many optimiser steps (resumable)")
+    p.add_argument("--out", help="run directory (default: <runs_dir>/DT-000/student-<label>-<arm>-bf16-s<seed>)")
+    p.set_defaults(func=cmd_onpolicy)
