@@ -22,12 +22,13 @@ GROUPS = {
     "distill": "span buckets, teacher targets, head pools, training arms",
     "baselines": "the baseline arms of Table 2: Feature-KD, DistiLLM-2, OPD, GOLD",
     "evaluate": "task, fidelity and mechanism metrics",
+    "simulator": "the learned answer simulator of LAS (App. K)",
     "repro": "registry, numbers files, tolerance checks, paper rendering",
     "rehearsal": "the paper profile's chain on stand-ins, before any GPU hour is spent",
 }
 # The groups whose commands compute with torch: on a CPU without bf16 GEMM kernels their bf16 matrix
 # products run through fp32 (mistill.models.cpu_bf16).
-TORCH_GROUPS = ("models", "instrument", "distill", "baselines", "evaluate")
+TORCH_GROUPS = ("models", "instrument", "distill", "baselines", "evaluate", "simulator")
 
 
 def build_parser(group: str | None = None) -> argparse.ArgumentParser:

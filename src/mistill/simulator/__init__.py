@@ -1,0 +1,1 @@
+"""The `simulator` CLI group: the learned answer simulator of LAS (App. K); the code is `mistill.evaluate.simulator`."""
