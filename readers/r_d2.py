@@ -6,7 +6,8 @@ traces on the same test notes. Task values are means over the seeds present (the
 two or more seeds); the paired per-note comparison averages each note's F1 over seeds first
 (`mistill.stats.mean_over_seeds`) and reports the percentile-bootstrap mean difference with
 its interval, Wilcoxon and sign tests (`mistill.stats.paired_comparison`, App. K "Statistics").
-Gap recovered is (arm - untrained) / (teacher - untrained) on corpus micro-F1 (App. K).
+Gap recovered is (arm - untrained) / (teacher - untrained) on corpus micro-F1 (App. K).  LAS is read from
+stage LAS (`<artifacts>/LAS/<label>-s<seed>/las.json`).
 """
 
 from __future__ import annotations
@@ -20,6 +21,9 @@ from mistill.evaluate.readout import (
     arm_labels,
     completed_precision_recall,
     generation_behaviour,
+    las_of,
+    las_path,
+    las_text,
     load_arms,
     m1_shares,
     m1_text,
@@ -114,8 +118,10 @@ def compute_values(params: dict) -> tuple[dict, list[Path]]:
                 v[f"{family}_vanilla_fp32_trace_ppl"] = value(
                     arm.fidelity["ppl_median"], "median over test notes of teacher-trace perplexity, seed 0",
                     arm.path / "fidelity.json")
-            if "las" in arm.fidelity:
-                v[f"{family}_vanilla_las"] = value(arm.fidelity["las"], "LAS, seed 0", arm.path / "fidelity.json")
+            las = las_of(arm)
+            if las is not None:
+                inputs.append(las_path(arm))
+                v[f"{family}_vanilla_las"] = value(las[0], las_text(arm), las_path(arm))
             shares = m1_shares(arm, ("P1", "P2C"))
             if shares is not None:
                 v[f"{family}_vanilla_fp32_m1_p1_p2c"] = value(shares, m1_text(arm, ("P1", "P2C")) + ", seed 0",

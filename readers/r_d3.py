@@ -23,6 +23,8 @@ from mistill.evaluate.readout import (
     baseline_label,
     baseline_seeds,
     eval_root,
+    las_minus_reference,
+    las_path,
     load_arm,
     load_baseline,
     main_for,
@@ -45,7 +47,8 @@ def keys(params: dict) -> list[str]:
         family = FAMILIES[student]
         out += row_cell_keys(f"{family}_{ARM}", len(seeds)) + [f"{family}_{ARM}_own_p2c_k40"]
         if f"{family}_vanilla_fp32" in labels:
-            out += [f"{family}_{ARM}_minus_fp32_vanilla", f"{family}_{ARM}_minus_fp32_vanilla_interval"]
+            out += [f"{family}_{ARM}_minus_fp32_vanilla", f"{family}_{ARM}_minus_fp32_vanilla_interval",
+                    f"{family}_{ARM}_las_minus_fp32_vanilla"]
             if 0 in seeds:
                 out.append(f"{family}_vanilla_s0_minus_{ARM}_own_p2c")
     return out
@@ -67,13 +70,17 @@ def compute_values(params: dict) -> tuple[dict, list[Path]]:
         if not seeds:
             continue
         inputs += [p for arm in seeds.values() for p in arm.files()]
+        inputs += [las_path(arm) for arm in seeds.values() if las_path(arm).is_file()]
         v.update(row_cells(prefix, seeds, notes))
         reference_label = labels.get(f"{family}_vanilla_fp32")
         reference = load_arm(eval_root(params), reference_label) if reference_label else {}
         if reference:
             inputs += [p for arm in reference.values() for p in arm.files()]
+            inputs += [las_path(arm) for arm in reference.values() if las_path(arm).is_file()]
             v.update(minus_reference(f"{prefix}_minus_fp32_vanilla", seeds, reference, notes, stats,
                                      "Feature-KD minus fp32 Vanilla CoT-KD"))
+            v.update(las_minus_reference(f"{prefix}_las_minus_fp32_vanilla", seeds, reference, notes, stats,
+                                         "Feature-KD minus fp32 Vanilla CoT-KD"))
         # own heads (stage M6-featurekd)
         label = baseline_label(params, ARM, student)
         try:

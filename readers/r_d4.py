@@ -6,7 +6,7 @@ params `baselines.<arm>.runs` names (an arm the profile does not define writes n
 CoT-KD's (params evaluate.own_heads.arms).  Each row gives Table 2's cells (`mistill.evaluate.readout.row_cells`)
 and its paired per-note micro-F1 difference from fp32 Vanilla CoT-KD with the bootstrap interval.  App. L.2's
 readings of the on-policy rows: OPD's M1 at P1 and P2C, its tail macro-F1 and its per-note BLEU-4 against bf16
-Vanilla CoT-KD; GOLD's M1 at P2 (share and median margin) beside seed-0 fp32 Vanilla CoT-KD's, and how many
+Vanilla CoT-KD and its LAS against both Vanilla CoT-KD rows; GOLD's M1 at P2 (share and median margin) beside seed-0 fp32 Vanilla CoT-KD's, and how many
 of GOLD's teacher traces were cut to its rollout cap (the run's `config.json`).
 """
 
@@ -20,6 +20,8 @@ from mistill.evaluate.readout import (
     arm_labels,
     baseline_seeds,
     eval_root,
+    las_minus_reference,
+    las_path,
     load_arm,
     load_baseline,
     m1_shares,
@@ -52,8 +54,9 @@ def _rows(params: dict):
 def _reading_keys(arm: str, labels: dict) -> list[str]:
     """App. L.2's readings of the on-policy rows beyond Table 2's cells."""
     if arm == "opd":
-        return ["opd_m1_p1_p2c", "opd_tail_macro_f1"] + (["opd_minus_bf16_vanilla_bleu4"]
-                                                         if "qwen_vanilla_bf16" in labels else [])
+        return ["opd_m1_p1_p2c", "opd_tail_macro_f1"] + (
+            ["opd_minus_bf16_vanilla_bleu4", "opd_minus_bf16_vanilla_las"] if "qwen_vanilla_bf16" in labels else []) + (
+            ["opd_las_minus_fp32_vanilla"] if "qwen_vanilla_fp32" in labels else [])
     if arm == "gold":
         return ["gold_m1_p1_p2c", "gold_m1_p2", "gold_m1_p2_median_margin", "gold_truncated_training_traces"] + \
             (["smollm_vanilla_s0_m1_p2"] if "smollm_vanilla_fp32" in labels else [])
@@ -87,8 +90,15 @@ def _opd_readings(seeds: dict[int, ArmSeed], notes, params: dict, stats) -> dict
     if tail is not None and tail == tail:
         v["opd_tail_macro_f1"] = value(tail, f"macro-F1 over tail codes (training-split frequency), seed {first.seed}",
                                        first.path)
+    fp32 = arm_labels(params).get("qwen_vanilla_fp32")
+    if fp32:
+        v.update(las_minus_reference("opd_las_minus_fp32_vanilla", seeds, load_arm(eval_root(params), fp32), notes,
+                                     stats, "OPD minus fp32 Vanilla CoT-KD"))
     bf16 = arm_labels(params).get("qwen_vanilla_bf16")
     reference = load_arm(eval_root(params), bf16) if bf16 else {}
+    if reference:
+        v.update(las_minus_reference("opd_minus_bf16_vanilla_las", seeds, reference, notes, stats,
+                                     "OPD minus bf16 Vanilla CoT-KD"))
     if reference and all((a.path / "fidelity.json").is_file() for a in [*seeds.values(), *reference.values()]):
         c = paired_comparison(_bleu_per_note(seeds, notes), _bleu_per_note(reference, notes),
                               n_resamples=stats.bootstrap_resamples, seed=stats.bootstrap_seed,
@@ -140,6 +150,7 @@ def compute_values(params: dict) -> tuple[dict, list[Path]]:
         if not seeds:
             continue
         inputs += [p for run in seeds.values() for p in run.files()]
+        inputs += [las_path(run) for run in seeds.values() if las_path(run).is_file()]
         v.update(row_cells(prefix, seeds, notes))
         reference_label = labels.get(f"{FAMILIES[student]}_vanilla_fp32")
         reference = load_arm(eval_root(params), reference_label) if reference_label else {}

@@ -223,6 +223,13 @@ def test_r_c3_operating_points_by_hand(paper_hd001):
     assert values["global_vs_own_top40_knockin_gap_max"]["value"] == pytest.approx(gap)
 
 
+def _write_las(directory: Path, rng) -> None:
+    """Stage LAS's las.json of one run (`mistill evaluate fidelity --simulator`)."""
+    per_note = {n: float(rng.uniform(-0.5, 1.0)) for n in GOLD}
+    write_json(directory / "las.json", {"metrics": {"las": float(np.mean(list(per_note.values())))},
+                                        "per_note": {"las": per_note}})
+
+
 @pytest.fixture(scope="module")
 def paper_evaluations(tmp_path_factory):
     """DT-eval directories of every Table 2 row at the paper's seeds, with fidelity (LAS included) and M1."""
@@ -245,8 +252,9 @@ def paper_evaluations(tmp_path_factory):
             preds["n1"] = GOLD["n1"]                      # a completed answer with a prediction
             write_arm(root / "artifacts", label, seed, preds, m1)
             write_json(root / "artifacts" / "DT-eval" / f"{label}-s{seed}" / "fidelity.json",
-                       {"metrics": {"bleu4": 0.17, "ppl_median": 1.5, "las": 0.27},
+                       {"metrics": {"bleu4": 0.17, "ppl_median": 1.5},
                         "per_note": {"bleu4": {n: float(rng.uniform()) for n in GOLD}}})
+            _write_las(root / "artifacts" / "LAS" / f"{label}-s{seed}", rng)
     params["distill"]["runs_dir"] = str(root / "artifacts")
     for arm, section in params["baselines"].items():   # the baseline arms' runs (R-D3, R-D4)
         for run in section["runs"].values():
@@ -256,6 +264,7 @@ def paper_evaluations(tmp_path_factory):
             write_json(root / "artifacts" / "DT-eval" / f"{label}-s{run['seed']}" / "fidelity.json",
                        {"metrics": {"bleu4": 0.2, "ppl_median": 1.6},
                         "per_note": {"bleu4": {n: float(rng.uniform()) for n in GOLD}}})
+            _write_las(root / "artifacts" / "LAS" / f"{label}-s{run['seed']}", rng)
             write_json(root / "artifacts" / "DT-000" / f"{label}-s{run['seed']}" / "config.json",
                        {"example_ids": ["t1", "t2", "t3"], "completions_cut": 2})
     return params

@@ -1,6 +1,7 @@
 """The renderer on fixture numbers files: Tables 1-3, App. A's K sweep and macros.tex, every cell from a
 numbers file."""
 
+import json
 import re
 import shutil
 
@@ -74,7 +75,26 @@ def results(registry, tmp_path):
     write_fixture(d, "R-D2", {**paper_values(registry, "R-D2"), "qwen_vanilla_fp32_valid_rate": {"value": 0.83, **valid}})
     write_fixture(d, "R-D5", {**paper_values(registry, "R-D5"), "qwen_vanilla_bf16_valid_rate": {"value": 0.81, **valid},
                               "qwen_mistill_valid_rate": {"value": 0.85, **valid}})
+    # the baseline rows' cells the paper prints no number for (Tables 2, 43, 46): the readers' own keys
+    for rid in ("R-D2", "R-D3", "R-D4"):
+        known = json.loads((d / f"{rid}.json").read_text())["values"]
+        extra = {key: {"value": _placeholder(key), "statistic": "share", "artifact": "fixture"}
+                 for key in registry.results[rid].extra_keys if key not in known}
+        write_fixture(d, rid, {**known, **extra})
     return d
+
+
+def _placeholder(key: str):
+    """A value of the shape a reader writes under `key`: per-seed lists, intervals and M1 triples are lists."""
+    if key.endswith("_seeds"):
+        return [0.41, 0.42, 0.43]
+    if key.endswith("_interval"):
+        return [-0.02, 0.01]
+    if key.endswith(("_m1_p1_p2_p2c",)):
+        return [0.8, 0.7, 0.75]
+    if key.endswith("_m1_p1_p2c"):
+        return [0.8, 0.75]
+    return 0.5
 
 
 # Table 3's cells the paper prints no number for: R-D6's per-seed cells of every arm row (three seeds)
@@ -141,7 +161,8 @@ def test_tables_render_every_cell_from_numbers_files(registry, results, tmp_path
 ])
 def test_changing_one_number_moves_its_cell(registry, results, tmp_path, table, rid, key, new, label, column):
     render(registry, results, tmp_path / "before")
-    write_fixture(results, rid, paper_values(registry, rid, **{key: new}))
+    values = json.loads((results / f"{rid}.json").read_text())["values"]
+    write_fixture(results, rid, {**values, key: {**values[key], "value": new}})
     render(registry, results, tmp_path / "after")
     before = (tmp_path / "before" / "tables" / f"{table}.md").read_text()
     after = (tmp_path / "after" / "tables" / f"{table}.md").read_text()

@@ -309,7 +309,55 @@ def load_baseline(params: dict, arm: str, student: str) -> dict[int, ArmSeed]:
     return load_arm(eval_root(params), baseline_label(params, arm, student))
 
 
-ROW_CELLS = ("microf1", "microf1_seeds", "valid_rate", *GENERATION_BEHAVIOUR, "bleu4", "trace_ppl", "m1_p1_p2_p2c")
+# ---- LAS (stage LAS: <artifacts>/LAS/<label>-s<seed>/las.json, beside the arm's evaluation) ---------------
+
+LAS_DIR = "LAS"
+
+
+def las_path(arm: ArmSeed) -> Path:
+    return arm.path.parent.parent / LAS_DIR / arm.path.name / "las.json"
+
+
+def las_of(arm: ArmSeed) -> tuple[float, dict[str, float]] | None:
+    """(mean LAS over the test notes, per-note LAS) of one evaluated run, or None before stage LAS ran for it."""
+    path = las_path(arm)
+    if not path.is_file():
+        return None
+    record = read_json(path, "LAS")
+    return float(record["metrics"]["las"]), {k: float(v) for k, v in record["per_note"]["las"].items()}
+
+
+def las_text(arm: ArmSeed) -> str:
+    return (f"LAS: mean over test notes of F1(simulator with the rationale, teacher answer) minus F1(simulator "
+            f"without it), seed {arm.seed}")
+
+
+def las_minus_reference(key: str, seeds: dict[int, ArmSeed], reference: dict[int, ArmSeed], notes, stats,
+                        what: str) -> dict:
+    """`key`: the paired per-note LAS difference of an arm against a reference row (seeds averaged per note),
+    bootstrap interval and Wilcoxon; nothing when a run has no LAS yet."""
+    from mistill.stats import paired_comparison
+
+    def per_note(runs: dict[int, ArmSeed]) -> list[float] | None:
+        las = [las_of(run) for run in runs.values()]
+        if any(x is None for x in las):
+            return None
+        return [sum(x[1][n.note_id] for x in las) / len(las) for n in notes]
+
+    a, b = per_note(seeds), per_note(reference)
+    if a is None or b is None:
+        return {}
+    c = paired_comparison(a, b, n_resamples=stats.bootstrap_resamples, seed=stats.bootstrap_seed,
+                          confidence=stats.confidence)
+    iv = c.mean_difference
+    return {key: value(iv.estimate, f"{what}: mean over {c.n} test notes of the per-note LAS difference (seeds "
+                       f"averaged per note), {iv.confidence:.0%} percentile bootstrap [{iv.low:+.4f}, {iv.high:+.4f}] "
+                       f"({iv.n_resamples} resamples, seed {iv.seed}); Wilcoxon p {c.wilcoxon.p_value:.3g}",
+                       ", ".join(str(las_path(r)) for r in [*seeds.values(), *reference.values()]))}
+
+
+ROW_CELLS = ("microf1", "microf1_seeds", "valid_rate", *GENERATION_BEHAVIOUR, "bleu4", "trace_ppl", "las",
+             "m1_p1_p2_p2c")
 
 
 def row_cell_keys(prefix: str, n_seeds: int) -> list[str]:
@@ -319,7 +367,7 @@ def row_cell_keys(prefix: str, n_seeds: int) -> list[str]:
 
 def row_cells(prefix: str, seeds: dict[int, ArmSeed], notes) -> dict:
     """One Table 2 row: micro-F1 (mean over seeds, s.d. with two or more, per seed), validity and generation
-    behaviour (means over seeds), and the lowest seed's fidelity (BLEU-4, median teacher-trace PPL) and M1."""
+    behaviour (means over seeds), and the lowest seed's fidelity (BLEU-4, median teacher-trace PPL, LAS) and M1."""
     first = seeds[min(seeds)]
     for arm in seeds.values():
         answers(arm.generations, notes, arm.path / "generations.jsonl")   # every test note generated
@@ -339,6 +387,9 @@ def row_cells(prefix: str, seeds: dict[int, ArmSeed], notes) -> dict:
     if "ppl_median" in first.fidelity:
         out[f"{prefix}_trace_ppl"] = value(first.fidelity["ppl_median"], "median over test notes of teacher-trace "
                                            f"perplexity, {seed}", first.path / "fidelity.json")
+    las = las_of(first)
+    if las is not None:
+        out[f"{prefix}_las"] = value(las[0], las_text(first), las_path(first))
     shares = m1_shares(first)
     if shares is not None:
         out[f"{prefix}_m1_p1_p2_p2c"] = value(shares, f"{m1_text(first)}, {seed}", first.path / "m1.json")
