@@ -22,15 +22,14 @@ from mistill.evaluate.readout import (
     arm_labels,
     baseline_label,
     baseline_seeds,
-    eval_root,
+    fp32_reference,
     las_minus_reference,
-    las_path,
-    load_arm,
     load_baseline,
     main_for,
     minus_reference,
     row_cell_keys,
     row_cells,
+    run_inputs,
     test_notes,
     value,
 )
@@ -69,14 +68,12 @@ def compute_values(params: dict) -> tuple[dict, list[Path]]:
         seeds = load_baseline(params, ARM, student)
         if not seeds:
             continue
-        inputs += [p for arm in seeds.values() for p in arm.files()]
-        inputs += [las_path(arm) for arm in seeds.values() if las_path(arm).is_file()]
+        inputs += run_inputs(seeds)
         v.update(row_cells(prefix, seeds, notes))
         reference_label = labels.get(f"{family}_vanilla_fp32")
-        reference = load_arm(eval_root(params), reference_label) if reference_label else {}
+        reference = fp32_reference(params, student)
         if reference:
-            inputs += [p for arm in reference.values() for p in arm.files()]
-            inputs += [las_path(arm) for arm in reference.values() if las_path(arm).is_file()]
+            inputs += run_inputs(reference)
             v.update(minus_reference(f"{prefix}_minus_fp32_vanilla", seeds, reference, notes, stats,
                                      "Feature-KD minus fp32 Vanilla CoT-KD"))
             v.update(las_minus_reference(f"{prefix}_las_minus_fp32_vanilla", seeds, reference, notes, stats,

@@ -20,8 +20,8 @@ from mistill.evaluate.readout import (
     arm_labels,
     baseline_seeds,
     eval_root,
+    fp32_reference,
     las_minus_reference,
-    las_path,
     load_arm,
     load_baseline,
     m1_shares,
@@ -30,6 +30,7 @@ from mistill.evaluate.readout import (
     minus_reference,
     row_cell_keys,
     row_cells,
+    run_inputs,
     seeds_text,
     test_notes,
     value,
@@ -140,7 +141,7 @@ def compute_values(params: dict) -> tuple[dict, list[Path]]:
     from mistill.distill.runs import run_dir
     from mistill.stats import StatsParams
 
-    notes, labels = test_notes(params), arm_labels(params)
+    notes = test_notes(params)
     stats = StatsParams.from_params(params)
     v: dict = {}
     inputs: list[Path] = []
@@ -149,13 +150,11 @@ def compute_values(params: dict) -> tuple[dict, list[Path]]:
         seeds = load_baseline(params, arm, student)
         if not seeds:
             continue
-        inputs += [p for run in seeds.values() for p in run.files()]
-        inputs += [las_path(run) for run in seeds.values() if las_path(run).is_file()]
+        inputs += run_inputs(seeds)
         v.update(row_cells(prefix, seeds, notes))
-        reference_label = labels.get(f"{FAMILIES[student]}_vanilla_fp32")
-        reference = load_arm(eval_root(params), reference_label) if reference_label else {}
+        reference = fp32_reference(params, student)
         if reference:
-            inputs += [p for run in reference.values() for p in run.files()]
+            inputs += run_inputs(reference)
             v.update(minus_reference(minus, seeds, reference, notes, stats, what))
         if arm == "opd":
             v.update(_opd_readings(seeds, notes, params, stats))

@@ -20,21 +20,10 @@ from mistill.distill.mechanism import note_view
 from mistill.distill.trainer import TrainConfig
 from mistill.errors import UserError
 from mistill.io import write_jsonl
-from mistill.models.architectures import TinyArchitecture, build_model
-from mistill.models.tokenizers import CompactTokenizer, build_remap, qwen3_tokenizer, smollm3_tokenizer
+from mistill.models.tokenizers import qwen3_tokenizer, smollm3_tokenizer
+from tests.distill.test_training import _model, _tok
 
 torch.set_num_threads(1)
-
-
-def _tok(base, note_prompt, completion, extra=""):
-    return CompactTokenizer(base, build_remap(base, [base.chat_prompt(note_prompt) + completion + extra]))
-
-
-def _model(tok, seed, layers=4, family="qwen3", hidden=48, heads=4):
-    arch = TinyArchitecture(family=family, hidden_size=hidden, intermediate_size=64, num_hidden_layers=layers,
-                            num_attention_heads=heads, num_key_value_heads=2, head_dim=hidden // heads)
-    return build_model(arch, vocab_size=tok.vocab_size, eos_token_id=tok.eos_token_id,
-                       pad_token_id=tok.pad_token_id, seed=seed)
 
 
 def _head_sets(n_layers, n_heads, seed):
@@ -53,8 +42,8 @@ STUDENT_ANSWER = '<think>\nKidney disease, N18.3.\n</think>\n\n["N18.3"]'
 @pytest.fixture(scope="module")
 def world(tmp_path_factory, note_prompt, completion, events):
     tmp_path = tmp_path_factory.mktemp("baselines")
-    tok = _tok(qwen3_tokenizer(), note_prompt, completion, STUDENT_ANSWER)
-    smol_tok = _tok(smollm3_tokenizer(), note_prompt, completion, STUDENT_ANSWER)
+    tok = _tok(qwen3_tokenizer(), note_prompt, completion + STUDENT_ANSWER)
+    smol_tok = _tok(smollm3_tokenizer(), note_prompt, completion + STUDENT_ANSWER)
     teacher = _model(tok, seed=1, layers=4, hidden=64, heads=8)
     for note_id in ("n1", "n2"):
         write_jsonl(tmp_path / "events" / note_id / "events.jsonl", events)

@@ -309,6 +309,17 @@ def load_baseline(params: dict, arm: str, student: str) -> dict[int, ArmSeed]:
     return load_arm(eval_root(params), baseline_label(params, arm, student))
 
 
+def fp32_reference(params: dict, student: str) -> dict[int, ArmSeed]:
+    """The fp32 Vanilla CoT-KD row of a student (params evaluate.own_heads.arms), by seed; empty when not named."""
+    label = arm_labels(params).get(f"{FAMILIES[student]}_vanilla_fp32")
+    return load_arm(eval_root(params), label) if label else {}
+
+
+def run_inputs(seeds: dict[int, ArmSeed]) -> list[Path]:
+    """The files a reader reads of these runs: their evaluation files and, where stage LAS ran, their LAS."""
+    return [p for run in seeds.values() for p in [*run.files(), las_path(run)] if p.is_file()]
+
+
 # ---- LAS (stage LAS: <artifacts>/LAS/<label>-s<seed>/las.json, beside the arm's evaluation) ---------------
 
 LAS_DIR = "LAS"
