@@ -290,12 +290,6 @@ def baseline_label(params: dict, arm: str, student: str) -> str:
     return f"student-{student}-{arm}-{params['baselines'][arm]['precision']}"
 
 
-def baseline_students(params: dict, arm: str) -> list[str]:
-    """The students a baseline arm trains under the profile, in the order its runs name them."""
-    runs = ((params.get("baselines") or {}).get(arm) or {}).get("runs") or {}
-    return list(dict.fromkeys(run["student"] for run in runs.values()))
-
-
 def baseline_seeds(params: dict, arm: str) -> dict[str, list[int]]:
     """student -> the training seeds the profile runs for a baseline arm."""
     runs = ((params.get("baselines") or {}).get(arm) or {}).get("runs") or {}
