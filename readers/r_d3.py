@@ -1,9 +1,9 @@
 """R-D3 (Table 2, App. J.3, L.7): Feature-KD, the generic attention and representation control, against fp32
 Vanilla CoT-KD on the task, and on its own heads.
 
-Reads the Feature-KD runs' evaluations `<artifacts>/DT-eval/student-<label>-featurekd-<precision>-s<seed>/`
+Reads the Feature-KD runs' evaluations `<baselines.dir>/DT-eval/student-<label>-featurekd-<precision>-s<seed>/`
 (runs: params baselines.featurekd.runs) beside fp32 Vanilla CoT-KD's (params evaluate.own_heads.arms), and
-their own-heads chains `<artifacts>/M6/...` (stage M6-featurekd).  Task values are means over the seeds
+their own-heads chains `<baselines.dir>/M6/...` (stage M6-featurekd).  Task values are means over the seeds
 present; the comparison with fp32 Vanilla CoT-KD averages each note's F1 over seeds first and reports the
 bootstrap mean difference with its interval (`mistill.evaluate.readout.minus_reference`).  On the own heads:
 the median over notes of SmolLM3-3B Feature-KD's own top-k P2C knock-in recovery, and Qwen3-4B's seed-0
@@ -78,19 +78,19 @@ def compute_values(params: dict) -> tuple[dict, list[Path]]:
                                      "Feature-KD minus fp32 Vanilla CoT-KD"))
             v.update(las_minus_reference(f"{prefix}_las_minus_fp32_vanilla", seeds, reference, notes, stats,
                                          "Feature-KD minus fp32 Vanilla CoT-KD"))
-        # own heads (stage M6-featurekd)
-        label = baseline_label(params, ARM, student)
+        # own heads (stage M6-featurekd, under params baselines.dir)
+        label, own_root = baseline_label(params, ARM, student), Path(params["baselines"]["dir"])
         try:
-            dirs = seed_dirs(root, label)
+            dirs = seed_dirs(own_root, label)
         except UserError:   # no own-heads chain for this row yet: the task cells stand alone
             continue
         inputs += list(dirs.values())
-        own = arm_values(root, label, "m4", phase="P2C", k=k, min_range=cfg.min_range)
+        own = arm_values(own_root, label, "m4", phase="P2C", k=k, min_range=cfg.min_range)
         median = seed_medians(own)["mean_of_seed_medians"]
         if median is not None:
             v[f"{prefix}_own_p2c_k40"] = value(
                 median, f"median over test notes of per-note mean recovery (own top-{k}, P2C, 1-nat gate); mean "
-                f"over seeds", f"{root}/M6/{label}-s*")
+                f"over seeds", f"{own_root}/M6/{label}-s*")
         if reference_label and 0 in own:
             try:
                 vanilla = arm_values(root, reference_label, "m4", phase="P2C", k=k, min_range=cfg.min_range)
@@ -103,7 +103,7 @@ def compute_values(params: dict) -> tuple[dict, list[Path]]:
                         c["mean_difference"], f"mean over notes of the per-note seed-0 difference, fp32 Vanilla "
                         f"CoT-KD minus Feature-KD (own top-{k} P2C recovery); {c['notes_higher']} higher / "
                         f"{c['notes_lower']} lower of {c['n_notes']}, sign p {c['sign_p']:.3g}",
-                        f"{root}/M6/{reference_label}-s0 vs {root}/M6/{label}-s0")
+                        f"{root}/M6/{reference_label}-s0 vs {own_root}/M6/{label}-s0")
     return v, inputs
 
 

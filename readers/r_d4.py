@@ -1,7 +1,7 @@
 """R-D4 (Table 2, App. L.2): the single-seed logit baselines against fp32 Vanilla CoT-KD: DistiLLM-2 (off-policy,
 Qwen3-4B), OPD (on-policy, Qwen3-4B) and GOLD (cross-tokenizer on-policy, SmolLM3-3B).
 
-Reads each arm's evaluations `<artifacts>/DT-eval/student-<label>-<arm>-<precision>-s<seed>/` for the runs
+Reads each arm's evaluations `<baselines.dir>/DT-eval/student-<label>-<arm>-<precision>-s<seed>/` for the runs
 params `baselines.<arm>.runs` names (an arm the profile does not define writes nothing), beside fp32 Vanilla
 CoT-KD's (params evaluate.own_heads.arms).  Each row gives Table 2's cells (`mistill.evaluate.readout.row_cells`)
 and its paired per-note micro-F1 difference from fp32 Vanilla CoT-KD with the bootstrap interval.  App. L.2's
@@ -159,7 +159,7 @@ def compute_values(params: dict) -> tuple[dict, list[Path]]:
         if arm == "opd":
             v.update(_opd_readings(seeds, notes, params, stats))
         if arm == "gold":
-            runs = run_dir(params["distill"]["runs_dir"], f"student_{student}", arm,
+            runs = run_dir(params["baselines"]["dir"], f"student_{student}", arm,
                            params["baselines"][arm]["precision"], min(seeds))
             v.update(_gold_readings(seeds, params, runs))
     return v, inputs

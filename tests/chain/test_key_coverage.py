@@ -255,17 +255,20 @@ def paper_evaluations(tmp_path_factory):
                        {"metrics": {"bleu4": 0.17, "ppl_median": 1.5},
                         "per_note": {"bleu4": {n: float(rng.uniform()) for n in GOLD}}})
             _write_las(root / "artifacts" / "LAS" / f"{label}-s{seed}", rng)
-    params["distill"]["runs_dir"] = str(root / "artifacts")
+    params["baselines"]["dir"] = str(root / "artifacts" / "baselines")
+    baselines = Path(params["baselines"]["dir"])
     for arm, section in params["baselines"].items():   # the baseline arms' runs (R-D3, R-D4)
+        if not isinstance(section, dict):
+            continue
         for run in section["runs"].values():
             label = baseline_label(params, arm, run["student"])
             preds = {n: sorted(rng.choice(codes, 2, replace=False).tolist()) for n in GOLD}
-            write_arm(root / "artifacts", label, run["seed"], preds, m1)
-            write_json(root / "artifacts" / "DT-eval" / f"{label}-s{run['seed']}" / "fidelity.json",
+            write_arm(baselines, label, run["seed"], preds, m1)
+            write_json(baselines / "DT-eval" / f"{label}-s{run['seed']}" / "fidelity.json",
                        {"metrics": {"bleu4": 0.2, "ppl_median": 1.6},
                         "per_note": {"bleu4": {n: float(rng.uniform()) for n in GOLD}}})
             _write_las(root / "artifacts" / "LAS" / f"{label}-s{run['seed']}", rng)
-            write_json(root / "artifacts" / "DT-000" / f"{label}-s{run['seed']}" / "config.json",
+            write_json(baselines / "DT-000" / f"{label}-s{run['seed']}" / "config.json",
                        {"example_ids": ["t1", "t2", "t3"], "completions_cut": 2})
     return params
 
@@ -284,11 +287,11 @@ def test_r_d3_writes_the_paper_keys_on_paper_shaped_evaluations_and_own_heads(pa
     params = copy.deepcopy(paper_evaluations)
     root = Path(params["paths"]["artifacts"])
     k, rng, notes = max(params["evaluate"]["own_heads"]["bins"]), np.random.default_rng(4), list(GOLD)
-    labels = [(baseline_label(params, "featurekd", run["student"]), run["seed"])
+    labels = [(Path(params["baselines"]["dir"]), baseline_label(params, "featurekd", run["student"]), run["seed"])
               for run in params["baselines"]["featurekd"]["runs"].values()]
-    labels += [(params["evaluate"]["own_heads"]["arms"][f"{family}_vanilla_fp32"], 0) for family in ("qwen", "smollm")]
-    for label, seed in labels:
-        m6 = arm_dirs(root, label, seed)[1]
+    labels += [(root, params["evaluate"]["own_heads"]["arms"][f"{family}_vanilla_fp32"], 0) for family in ("qwen", "smollm")]
+    for own_root, label, seed in labels:
+        m6 = arm_dirs(own_root, label, seed)[1]
         for note in notes:
             write_jsonl(m6 / note / "patch2.jsonl", _m6_rows(rng, k))
         write_json(m6 / "faithfulness2.json", {"notes": notes, "bins": params["evaluate"]["own_heads"]["bins"]})
@@ -297,7 +300,7 @@ def test_r_d3_writes_the_paper_keys_on_paper_shaped_evaluations_and_own_heads(pa
     _assert_writes_what_it_lists(module, params, values)
     assert set(REGISTRY.expected("paper").values["R-D3"]) - set(REGISTRY.results["R-D3"].unproduced_keys) <= set(values)
     assert values["qwen_featurekd_microf1_seeds"]["value"] == pytest.approx(
-        [json.loads((root / "DT-eval" / f"{labels[0][0]}-s{s}" / "task.json").read_text())["metrics"]["micro_f1"]
+        [json.loads((labels[0][0] / "DT-eval" / f"{labels[0][1]}-s{s}" / "task.json").read_text())["metrics"]["micro_f1"]
          for s in (0, 1, 2)])
 
 

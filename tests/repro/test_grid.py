@@ -20,7 +20,7 @@ def test_a_job_per_training_run_with_its_evaluation_and_own_heads_chain():
     seeds, students = params["distill"]["seeds"], params["distill"]["students"]
     runs = len(seeds) * len(students) * (len(params["distill"]["vanilla_precisions"])
                                          + len(params["distill"]["mistill_precisions"]))
-    baseline_runs = {arm: len(section["runs"]) for arm, section in params["baselines"].items()}
+    baseline_runs = {arm: len(section["runs"]) for arm, section in params["baselines"].items() if isinstance(section, dict)}
     assert len(jobs) == runs + sum(baseline_runs.values())
     for job in jobs:
         names = [stage for stage, _ in job.stages]

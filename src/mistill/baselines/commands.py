@@ -47,7 +47,7 @@ def cmd_train(args) -> int:
                                                             dtype=precision_dtype(precision),
                                                             attn_implementation="sdpa"), device=device)
     train_cfg = train_config(cfg["train"], precision, seed, lr=args.lr)
-    out = Path(args.out) if args.out else run_dir(cfg["runs_dir"], args.student, args.arm, precision, seed)
+    out = Path(args.out) if args.out else run_dir(params["baselines"]["dir"], args.student, args.arm, precision, seed)
     run_config = {**run_identity(student_spec, teacher_spec, targets_dir, manifest),
                   "provenance": provenance({"baselines": {args.arm: section}, "distill": {"train": cfg["train"]}},
                                            seed=seed)}
@@ -116,7 +116,7 @@ def cmd_onpolicy(args) -> int:
     student_spec = params["models"].get(args.student, args.student)
     student, student_tok = load_model(ModelSpec.from_params(params["models"], args.student, dtype="bfloat16",
                                                             attn_implementation="sdpa"), device=device)
-    out = Path(args.out) if args.out else run_dir(cfg["runs_dir"], args.student, args.arm, "bf16", seed)
+    out = Path(args.out) if args.out else run_dir(params["baselines"]["dir"], args.student, args.arm, "bf16", seed)
     started = time.perf_counter()
     run_config = onpolicy.train(
         config, student, teacher, student_tok, teacher_tok, traces, out, seed, student_name=str(student_spec),
@@ -142,7 +142,7 @@ def register(subparsers) -> None:
                                        "(default: params baselines.distillm2.responses)")
     p.add_argument("--lr", type=float)
     p.add_argument("--max-steps", type=int, help="stop after this many optimiser steps (resumable)")
-    p.add_argument("--out", help="run directory (default: <runs_dir>/DT-000/student-<label>-<arm>-<precision>-s<seed>)")
+    p.add_argument("--out", help="run directory (default: <baselines.dir>/DT-000/student-<label>-<arm>-<precision>-s<seed>)")
     p.set_defaults(func=cmd_train)
 
     p = subparsers.add_parser("onpolicy", help="train one on-policy baseline arm through TRL: OPD or GOLD (App. J.3)")
@@ -153,5 +153,5 @@ def register(subparsers) -> None:
                                      "(default: params distill.targets_dir)")
     p.add_argument("--lr", type=float, help="default: params distill.train.lr (the shared recipe's)")
     p.add_argument("--max-steps", type=int, help="stop after this many optimiser steps (resumable)")
-    p.add_argument("--out", help="run directory (default: <runs_dir>/DT-000/student-<label>-<arm>-bf16-s<seed>)")
+    p.add_argument("--out", help="run directory (default: <baselines.dir>/DT-000/student-<label>-<arm>-bf16-s<seed>)")
     p.set_defaults(func=cmd_onpolicy)

@@ -42,6 +42,7 @@ class ArmSeed:
     label: str
     seed: int
     path: Path
+    las_file: Path | None = None                     # stage LAS's las.json of this run (read when present)
     task: dict = field(default_factory=dict)        # task.json metrics
     fidelity: dict = field(default_factory=dict)    # fidelity.json metrics
     m1: dict = field(default_factory=dict)          # m1.json m1 (per kind)
@@ -78,8 +79,9 @@ def _section(path: Path, key: str, what: str) -> dict:
     return data[key]
 
 
-def load_arm(root: Path, label: str) -> dict[int, ArmSeed]:
-    """Every seed of one arm whose directory holds a task.json, by seed."""
+def load_arm(root: Path, label: str, las_root: Path | None = None) -> dict[int, ArmSeed]:
+    """Every seed of one arm whose directory holds a task.json, by seed; `las_root` (default: `LAS` beside
+    `root`) holds stage LAS's `<label>-s<seed>/las.json`."""
     from mistill.io import read_jsonl
 
     seeds: dict[int, ArmSeed] = {}
@@ -88,7 +90,8 @@ def load_arm(root: Path, label: str) -> dict[int, ArmSeed]:
         match = pattern.match(path.name)
         if not match or not (path / "task.json").is_file():
             continue
-        arm = ArmSeed(label, int(match.group(1)), path)
+        arm = ArmSeed(label, int(match.group(1)), path,
+                      (las_root or root.parent / LAS_DIR) / path.name / "las.json")
         arm.task = _section(path / "task.json", "metrics", "task metrics")
         if (path / "fidelity.json").is_file():
             arm.fidelity = _section(path / "fidelity.json", "metrics", "fidelity metrics")
@@ -300,7 +303,9 @@ def baseline_seeds(params: dict, arm: str) -> dict[str, list[int]]:
 
 
 def load_baseline(params: dict, arm: str, student: str) -> dict[int, ArmSeed]:
-    return load_arm(eval_root(params), baseline_label(params, arm, student))
+    """A baseline arm's evaluated runs (<baselines.dir>/DT-eval), their LAS where the other arms' is."""
+    return load_arm(Path(params["baselines"]["dir"]) / EVAL_DIR, baseline_label(params, arm, student),
+                    las_root=eval_root(params).parent / LAS_DIR)
 
 
 def fp32_reference(params: dict, student: str) -> dict[int, ArmSeed]:
@@ -320,7 +325,7 @@ LAS_DIR = "LAS"
 
 
 def las_path(arm: ArmSeed) -> Path:
-    return arm.path.parent.parent / LAS_DIR / arm.path.name / "las.json"
+    return arm.las_file or arm.path.parent.parent / LAS_DIR / arm.path.name / "las.json"
 
 
 def las_of(arm: ArmSeed) -> tuple[float, dict[str, float]] | None:
