@@ -19,6 +19,7 @@ GROUPS = {
     "world": "corpora, inventory, prompts, shortlists",
     "models": "tokenizers, tiny demo models, generation, teacher traces",
     "instrument": "events, attribution, patching, knock-in, calibration",
+    "locus": "the prose locus: forcing probe, window attribution, prose-time set (App. F)",
     "distill": "span buckets, teacher targets, head pools, training arms",
     "baselines": "the baseline arms of Table 2: Feature-KD, DistiLLM-2, OPD, GOLD",
     "evaluate": "task, fidelity and mechanism metrics",
@@ -28,7 +29,7 @@ GROUPS = {
 }
 # The groups whose commands compute with torch: on a CPU without bf16 GEMM kernels their bf16 matrix
 # products run through fp32 (mistill.models.cpu_bf16).
-TORCH_GROUPS = ("models", "instrument", "distill", "baselines", "evaluate", "simulator")
+TORCH_GROUPS = ("models", "instrument", "locus", "distill", "baselines", "evaluate", "simulator")
 
 
 def build_parser(group: str | None = None) -> argparse.ArgumentParser:

@@ -55,7 +55,12 @@ def render_registry_md(registry: Registry) -> str:
              "end at the same character of the completion): `src/mistill/baselines/feature_kd.py`, "
              "`src/mistill/baselines/arms.py`."),
             ("- DistiLLM-2's CALD (App. J.3), its skew KL and skew reverse KL, weighting and averaging as the official "
-             "code (fe4cf9b) computes them: `src/mistill/baselines/distillm2.py`."), ""]
+             "code (fe4cf9b) computes them: `src/mistill/baselines/distillm2.py`."),
+            ("- The prose locus (App. F): the cut convention (tokens [0, p) kept, d = 0 a cut just before the letter), "
+             "the token-by-token scan of the crossing step, the trace's start as the previous code's end of a first "
+             "code, window importance with the instrument's sign (I = -A, summed over the window or the suffix), "
+             "NULL windows of the same width ending at the NULL position, and necessity as the share of the clean "
+             "forced margin an ablation removes: `src/mistill/locus/probe.py`, `src/mistill/locus/window.py`."), ""]
     out += ["## Nondeterminism classes", ""]
     for name, cls in registry.classes.items():
         out.append(f"- **{name}** ({cls['name']}): {_md(cls['definition'])}")

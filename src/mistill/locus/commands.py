@@ -1,0 +1,74 @@
+"""`mistill locus <pass>`: the prose-locus passes over the characterization notes (App. F).
+
+    probe      walk-back of every chapter mention, window attribution   -> <out>/<note>/locus.json, window.npz
+    calibrate  prose-time and suffix sets (mentions minus NULL)         -> <out>/head_sets_locus.json
+    ablate     window / suffix ablations and the read at the locus      -> <out>/<note>/ablation.json
+    all        the three in order, one model load (the HD-001-locus stage)
+
+Settings come from params `locus` (out_dir, suffix, theta, window, set sizes); the traces, events,
+means and emission sets from the `instrument` section's run (HD-001).
+"""
+
+from __future__ import annotations
+
+import argparse
+
+from mistill.params import load_params
+
+
+def _settings(args):
+    from mistill.instrument.passes import InstrumentConfig
+    from mistill.locus.passes import LocusSettings
+    from mistill.models.loading import set_threads
+
+    params = load_params(profile=args.profile)
+    set_threads(params.get("models") or {})
+    return InstrumentConfig.from_params(params), LocusSettings.from_params(params), params
+
+
+def _probe(args) -> int:
+    from mistill.locus.passes import run_probe
+
+    cfg, settings, params = _settings(args)
+    run_probe(cfg, settings, params, limit=args.limit, force=args.force)
+    return 0
+
+
+def _calibrate(args) -> int:
+    from mistill.locus.passes import run_calibrate
+
+    cfg, settings, params = _settings(args)
+    body = run_calibrate(cfg, settings, params, limit=args.limit)
+    top = body["phases"]["prose"][:3]
+    print("locus calibrate: prose-time top " + ", ".join(f"l{h['layer']}h{h['head']}" for h in top))
+    return 0
+
+
+def _ablate(args) -> int:
+    from mistill.locus.passes import run_ablate
+
+    cfg, settings, params = _settings(args)
+    run_ablate(cfg, settings, params, limit=args.limit, force=args.force)
+    return 0
+
+
+def _all(args) -> int:
+    from mistill.locus.passes import run_all
+
+    cfg, settings, params = _settings(args)
+    run_all(cfg, settings, params, limit=args.limit, force=args.force)
+    return 0
+
+
+def register(commands: argparse._SubParsersAction) -> None:
+    for name, func, summary, resumable in (
+            ("probe", _probe, "walk back from every chapter letter; attribute the windows", True),
+            ("calibrate", _calibrate, "the prose-time and suffix sets (mentions minus NULL)", False),
+            ("ablate", _ablate, "window and suffix ablations; the read at the locus", True),
+            ("all", _all, "probe, calibrate and ablate, one model load", True)):
+        p = commands.add_parser(name, help=summary, description=summary)
+        p.add_argument("--profile", default=None, help="params.yaml profile (default: the active one)")
+        p.add_argument("--limit", type=int, default=None, help="only the first N notes (smoke runs)")
+        if resumable:
+            p.add_argument("--force", action="store_true", help="recompute notes whose artifact is valid")
+        p.set_defaults(func=func)

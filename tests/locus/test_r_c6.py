@@ -1,0 +1,104 @@
+"""R-C6's reader on paper-shaped locus artifacts (1,600 heads, the paper's set sizes): every value by hand or
+against scipy, and exactly the paper's keys (less the one the registry says no stage produces)."""
+
+from __future__ import annotations
+
+import copy
+import importlib.util
+
+import numpy as np
+import pytest
+from scipy.stats import spearmanr
+
+from mistill.instrument.global_sets import head_sets
+from mistill.io import write_json, write_npz
+from mistill.locus.passes import LocusSettings, ablation_sets
+from mistill.params import load_params
+from mistill.repro.registry import load_registry
+from tests.repro.repro_helpers import REPO
+
+L = H = 40
+
+
+def _reader():
+    spec = importlib.util.spec_from_file_location("reader_r_c6", REPO / "readers" / "r_c6.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def _mention(event, outcome, distance, *, jump=None, first=False, own=False, start=False, probes=5):
+    return {"event": event, "pos": 500 + event, "outcome": outcome, "distance": distance, "jump": jump,
+            "curve": {str(d): 3.0 for d in range(probes)}, "code": "A00.0", "first_code": first,
+            "trace_start": start, "own_description_word": own, "locus_word": "word"}
+
+
+@pytest.fixture
+def paper_locus(tmp_path):
+    params = copy.deepcopy(load_params(REPO / "params.yaml", profile="paper"))
+    out, hd001 = tmp_path / "HD-001-locus", tmp_path / "HD-001"
+    params["locus"]["out_dir"], params["instrument"]["out_dir"] = str(out), str(hd001)
+    settings = LocusSettings.from_params(params)
+    notes = {
+        "n0": [_mention(0, "window", 4, jump=8.0, first=True, own=True), _mention(1, "window", 10, jump=2.0),
+               _mention(2, "never", None), _mention(3, "inherited", 30, start=True)],
+        "n1": [_mention(0, "window", 7, jump=5.0, own=True), _mention(1, "code", 0), _mention(2, "censored", 512)],
+        "n2": [_mention(0, "inherited", 20), _mention(1, "never", None), _mention(2, "window", 1, jump=9.0)],
+    }
+    for note, mentions in notes.items():
+        write_json(out / note / "locus.json", {"note_id": note, "mentions": mentions, "skipped_mentions": 0,
+                                               "probes": 5 * len(mentions), "n_layers": L, "n_heads": H})
+        write_npz(out / note / "window.npz", kinds=np.asarray(["mention", "NULL"]), events=np.arange(2))
+    rng = np.random.default_rng(0)
+    prose = np.concatenate([np.linspace(5, 1, 40), rng.normal(0, 0.01, 1560)])    # layers 0-0: heads 0..39
+    prose = np.roll(prose, 12 * H)                                                 # the top 40 all in layer 12
+    emission = rng.normal(0, 1, L * H)
+    suffix = rng.normal(0, 1, L * H)
+    suffix[21 * H + 25] = 0.92
+    write_json(out / "head_sets_locus.json", head_sets({"prose": prose, "suffix": suffix}, L, H, pool_k=40))
+    write_json(hd001 / "head_sets_contrast.json", head_sets({"P1": emission}, L, H, pool_k=40))
+    # ablations: per note the necessity of every set is note index + a per-mention offset
+    names = ablation_sets(prose, emission, prose, settings, np.random.default_rng(0))
+    for n, (note, mentions) in enumerate(notes.items()):
+        decided = [m for m in mentions if m["outcome"] in ("window", "code", "censored")]
+        rows = [{"event": m["event"], "outcome": m["outcome"], "clean": 4.0,
+                 "necessity": {name: n + 0.1 * i + (0.5 if name.startswith("prosetime") else 0.0)
+                               for name in names}} for i, m in enumerate(decided)]
+        write_json(out / note / "ablation.json", {"note_id": note, "mentions": rows,
+                                                  "read": {"prosetime": [0.3] * len(rows), "random": [0.1] * len(rows)}})
+    return params, prose, emission
+
+
+def test_r_c6_values_by_hand_on_paper_shaped_artifacts(paper_locus):
+    params, prose, emission = paper_locus
+    module = _reader()
+    values, inputs = module.compute_values(params)
+    registry = load_registry(REPO)
+    paper = set(registry.expected("paper").values["R-C6"])
+    assert set(values) == set(module.keys(params)) == paper - set(registry.results["R-C6"].unproduced_keys)
+    v = {k: x["value"] for k, x in values.items()}
+    # 10 mentions: window 4, inherited 2, never 2, code 1, censored 1
+    assert v["window_locus_share"] == pytest.approx(40.0) and v["inherited_share"] == pytest.approx(20.0)
+    assert v["never_decisive_share"] == pytest.approx(20.0) and v["censored_share"] == pytest.approx(10.0)
+    assert v["decisive_at_code_suffix_b"] == pytest.approx(80.0) and v["note_alone_decisive"] == pytest.approx(10.0)
+    assert v["attributed_mentions"] == 6 and v["probes_total"] == 50
+    assert v["median_locus_distance"] == pytest.approx(5.5)                # distances 1, 4, 7, 10
+    assert v["locus_distance_p10_p90"] == pytest.approx(list(np.percentile([1, 4, 7, 10], [10, 90])))
+    assert v["first_code_median_locus_distance"] == pytest.approx(4.0)
+    assert v["locus_jump"] == pytest.approx(6.5)                           # jumps 2, 5, 8, 9
+    assert v["locus_at_own_description_word"] == pytest.approx(50.0)
+    assert v["per_note_window_share"] == pytest.approx(100 / 3)             # 50%, 33%, 33%
+    assert v["prosetime_top40_in_layers_12_23"] == 40
+    assert v["prosetime_emission_ic_spearman"] == pytest.approx(spearmanr(prose, emission).statistic)
+    top = lambda x, k: set(np.argsort(-x, kind="stable")[:k].tolist())   # noqa: E731
+    assert v["prosetime_emission_overlap_top8_top16_top40"] == [len(top(prose, k) & top(emission, k))
+                                                                for k in (8, 16, 40)]
+    assert v["suffix_ranking_top_ic_l21h25"] == pytest.approx(0.92)
+    # per note means over decided mentions: n0 (two windows) 0.05 + n, n1 (three) 0.1 + n, n2 (one) 0 + n
+    assert v["emission_top16_window_only_necessity"] == pytest.approx(1.1)
+    assert v["prosetime_top8_window_only_necessity"] == pytest.approx(1.6)
+    assert v["random8_window_only_necessity"] == pytest.approx(1.1)
+    assert v["notes_prosetime_above_random"] == 3
+    assert v["prosetime_note_attention_share"] == pytest.approx(0.3)
+    assert v["random_heads_note_share_at_locus"] == pytest.approx(0.1)
+    assert len(inputs) == 3 * 3 + 2
