@@ -20,10 +20,10 @@ from pathlib import Path
 
 import numpy as np
 
-from mistill.errors import UserError
 from mistill.instrument.global_sets import load_head_sets, phase_scores, ranking
-from mistill.instrument.readout import head_index, instrument_dir, load_json, run_reader, value
+from mistill.instrument.readout import head_index, instrument_dir, run_reader, value
 from mistill.locus.passes import DECIDED, LocusSettings
+from mistill.locus.readout import LocusRun
 from mistill.stats import spearman_over_heads, top_k_overlap
 
 READER = "readers/r_c6.py"
@@ -55,27 +55,14 @@ def percent(count: int, total: int) -> float:
     return 100.0 * count / total if total else float("nan")
 
 
-def median_over_notes(notes: list[dict], name: str) -> tuple[float, list[float]]:
-    """Per note the mean necessity of one ablation over its decided mentions; the median over notes."""
-    per_note = [float(np.mean([m["necessity"][name] for m in n["mentions"]])) for n in notes if n["mentions"]]
-    if not per_note:
-        raise UserError(f"R-C6: no note has a decided chapter mention with the ablation {name}")
-    return float(np.median(per_note)), per_note
-
-
 def compute_values(params: dict) -> tuple[dict, list[Path]]:
     settings = LocusSettings.from_params(params)
     small, large, pool, (first, last), leader = sizes(params)
-    out = Path(settings.out_dir)
-    loci = sorted(out.glob("*/locus.json"))
-    if not loci:
-        raise UserError(f"{out}: no locus.json; run `mistill locus all` (stage HD-001-locus) first")
-    bodies = [load_json(p) for p in loci]
-    ablations = [load_json(p.with_name("ablation.json")) for p in loci if p.with_name("ablation.json").exists()]
-    mentions = [m for b in bodies for m in b["mentions"]]
+    run = LocusRun.load(settings.out_dir)
+    out, bodies, mentions = run.out, run.bodies, run.mentions
     n = len(mentions)
-    outcome = {o: sum(m["outcome"] == o for m in mentions) for o in ("window", "code", "inherited", "censored", "never")}
-    window = [m for m in mentions if m["outcome"] == "window"]
+    outcome = run.outcome_counts()
+    window = run.window()
     distances = np.array([m["distance"] for m in window], dtype=float)
     on = f"{n} chapter mentions of {len(bodies)} notes"
     art_locus = f"{out}/*/locus.json"
@@ -96,13 +83,11 @@ def compute_values(params: dict) -> tuple[dict, list[Path]]:
                                      f"(window {outcome['window']} + at the code {outcome['code']} + censored "
                                      f"{outcome['censored']})", art_locus),
         "probes_total": value(int(sum(b["probes"] for b in bodies)), f"count of forcing probes over {on}", art_locus),
+        "median_locus_distance": value(run.median_distance(), f"tokens before the letter, median over "
+                                       f"{len(window)} window-decided mentions", art_locus),
+        "locus_distance_p10_p90": value([float(x) for x in np.percentile(distances, [10, 90])],
+                                        f"tokens, 10th and 90th percentiles over {len(window)} window loci", art_locus),
     }
-    if not window:
-        raise UserError(f"{out}: no chapter mention is decided in the window; R-C6 has no locus distance to report")
-    v["median_locus_distance"] = value(float(np.median(distances)), f"tokens before the letter, median over "
-                                       f"{len(window)} window-decided mentions", art_locus)
-    v["locus_distance_p10_p90"] = value([float(x) for x in np.percentile(distances, [10, 90])],
-                                        f"tokens, 10th and 90th percentiles over {len(window)} window loci", art_locus)
     firsts = [m["distance"] for m in window if m.get("first_code")]
     v["first_code_median_locus_distance"] = value(float(np.median(firsts)) if firsts else None,
                                                   f"tokens, median over the {len(firsts)} window loci of first codes",
@@ -120,19 +105,18 @@ def compute_values(params: dict) -> tuple[dict, list[Path]]:
     v["per_note_window_share"] = value(float(np.median(shares)), f"percent, median over {len(shares)} notes of "
                                        f"their window-decided share (10th-90th: {p10:.0f}-{p90:.0f})", art_locus)
 
-    sets_path = out / "head_sets_locus.json"
+    sets_path = run.sets_path
     emission_path = instrument_dir(params) / "head_sets_contrast.json"
-    locus_sets, emission_sets = load_head_sets(sets_path), load_head_sets(emission_path)
-    prose, emission = phase_scores(locus_sets, "prose"), phase_scores(emission_sets, "P1")
-    suffix = phase_scores(locus_sets, "suffix")
+    locus_sets = load_head_sets(sets_path)
+    prose, suffix = run.scores("prose"), run.scores("suffix")
+    emission = phase_scores(load_head_sets(emission_path), "P1")
     n_heads = locus_sets["n_heads"]
     top_pool = ranking(prose)[:pool]
+    in_band = (top_pool // n_heads >= first) & (top_pool // n_heads <= last)
     art_sets = f"{sets_path}, {emission_path}"
     v[f"prosetime_top{pool}_in_layers_{first}_{last}"] = value(
-        int(sum(first <= h // n_heads <= last for h in top_pool)),
-        f"count of the prose-time top-{pool} in layers {first}-{last} (0-based; "
-        f"{float(prose[top_pool][(top_pool // n_heads >= first) & (top_pool // n_heads <= last)].sum() / prose[top_pool].sum()):.2f} "
-        "of their I_c)", sets_path)
+        int(in_band.sum()), f"count of the prose-time top-{pool} in layers {first}-{last} (0-based; "
+        f"{float(prose[top_pool][in_band].sum() / prose[top_pool].sum()):.2f} of their I_c)", sets_path)
     overlap_k = settings.overlap_k
     v["prosetime_emission_overlap_" + "_".join(f"top{k}" for k in overlap_k)] = value(
         [top_k_overlap(prose, emission, k) for k in overlap_k],
@@ -146,10 +130,9 @@ def compute_values(params: dict) -> tuple[dict, list[Path]]:
                                                  f"rank {suffix_rank} of {suffix.size} (params locus.suffix_leader)",
                                                  sets_path)
 
-    if not ablations:
-        raise UserError(f"{out}: no ablation.json; run `mistill locus ablate` first")
     art_abl = f"{out}/*/ablation.json"
-    on_notes = f"median over {sum(bool(a['mentions']) for a in ablations)} notes of the mean over their decided mentions"
+    on_notes = (f"median over {sum(bool(a['mentions']) for a in run.ablations)} notes of the mean over their "
+                "decided mentions")
     for key, name, what in (
             (f"prosetime_top{small}_window_only_necessity", f"prosetime_top{small}_window", f"prose-time top-{small}, window only"),
             (f"random{small}_window_only_necessity", f"random{small}_window", f"{small} random heads, window only"),
@@ -159,23 +142,20 @@ def compute_values(params: dict) -> tuple[dict, list[Path]]:
             (f"prosetime_top{large}_suffix_only", f"prosetime_top{large}_suffix", f"prose-time top-{large}, suffix only"),
             (f"prosetime_top{small}_suffix_only", f"prosetime_top{small}_suffix", f"prose-time top-{small}, suffix only"),
             ("pass_a_own_set_window_only", f"own_top{large}_window", f"each mention's own top-{large}, window only")):
-        v[key] = value(median_over_notes(ablations, name)[0], f"share of the forced margin removed by {what}; "
-                       f"{on_notes}", art_abl)
-    _, prose_notes = median_over_notes(ablations, f"prosetime_top{small}_window")
-    _, random_notes = median_over_notes(ablations, f"random{small}_window")
+        v[key] = value(run.necessity(name)[0], f"share of the forced margin removed by {what}; {on_notes}", art_abl)
+    _, prose_notes = run.necessity(f"prosetime_top{small}_window")
+    _, random_notes = run.necessity(f"random{small}_window")
     v["notes_prosetime_above_random"] = value(int(sum(p > r for p, r in zip(prose_notes, random_notes))),
                                               f"count of {len(prose_notes)} notes where the prose-time top-{small} "
                                               f"removes more than {small} random heads, window only", art_abl)
-    reads = [x for a in ablations for x in a["read"]["prosetime"]]
-    randoms = [x for a in ablations for x in a["read"]["random"]]
+    reads = [x for a in run.ablations for x in a["read"]["prosetime"]]
+    randoms = [x for a in run.ablations for x in a["read"]["random"]]
     v["prosetime_note_attention_share"] = value(float(np.mean(reads)), f"attention share on the note at the locus "
                                                 f"token, mean over {len(reads)} loci of the prose-time top-{small}",
                                                 art_abl)
     v["random_heads_note_share_at_locus"] = value(float(np.mean(randoms)), f"the same for {small} random heads per "
                                                   "note", art_abl)
-    inputs = [*loci, *(p.with_name("window.npz") for p in loci), *(p.with_name("ablation.json") for p in loci),
-              sets_path, emission_path]
-    return v, [p for p in inputs if Path(p).exists()]
+    return v, [*run.inputs(), emission_path]
 
 
 def main() -> int:

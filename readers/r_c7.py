@@ -13,8 +13,10 @@ own App. E panel): the chapter top-k's share on the emitted chapter's lines and 
 first contrastive reader's share on the near-miss's earlier mentions at P2C (params read_side.panel_k,
 readers.named_heads), medians over notes, with the full inventory's value beside each.
 
-The prose locus and the prose-time set come from a pass that is not a stage yet (registry R-C7,
-unproduced_keys).
+The prose locus on both runs (HD-001-locus, HD-002-locus: `mistill locus all`, params locus): HD-002's
+median locus distance and its window / inherited / never-decisive shares, the Spearman and top-k overlap
+of the two prose-time rankings, and HD-002's window-only ablations of its prose-time top-k, its emission
+top-k and each mention's own top-k (params locus.k), with HD-001's value beside each.
 """
 
 from __future__ import annotations
@@ -31,6 +33,8 @@ from mistill.instrument.readout import (
     run_reader,
     value,
 )
+from mistill.locus.passes import LocusSettings
+from mistill.locus.readout import LocusRun
 from mistill.stats import spearman_over_heads, top_k_overlap
 
 READER = "readers/r_c7.py"
@@ -54,7 +58,47 @@ def keys(params: dict) -> list[str]:
     k = ReadSide.from_params(params).panel_k
     out += [f"hd002_chapter_top{k}_region_share", f"hd002_chapter_top{k}_lift"]
     contrastive = settings.named_heads.contrastive_readers
-    return out + ([f"hd002_{contrastive[0]}_near_miss_share"] if contrastive else [])
+    out += [f"hd002_{contrastive[0]}_near_miss_share"] if contrastive else []
+    return out + locus_keys(params)
+
+
+def locus_keys(params: dict) -> list[str]:
+    locus = LocusSettings.from_params(params)
+    small, large = min(locus.k), max(locus.k)
+    return ["hd002_median_locus_distance", "prosetime_ranking_spearman", f"prosetime_top{locus.pool_k}_overlap",
+            f"hd002_own_locus_top{large}_window_only", f"hd002_emission_top{large}_window_only",
+            "hd002_window_inherited_never_shares", f"hd002_prosetime_top{small}_window_only"]
+
+
+def locus_values(params: dict) -> tuple[dict, list[Path]]:
+    """The prose-locus keys: HD-002-locus against HD-001-locus."""
+    locus = LocusSettings.from_params(params)
+    small, large, pool = min(locus.k), max(locus.k), locus.pool_k
+    full, short = LocusRun.load(locus.out_dir), LocusRun.load(locus.shortlist_out_dir)
+    art = f"{short.out}/*/locus.json"
+    abl = f"{short.out}/*/ablation.json, {full.out}/*/ablation.json"
+    sets = f"{full.sets_path}, {short.sets_path}"
+    on = f"median over {sum(bool(a['mentions']) for a in short.ablations)} notes of the mean over their decided mentions"
+    v = {"hd002_median_locus_distance": value(short.median_distance(), f"tokens before the letter, median over "
+                                              f"{len(short.window())} window loci, shortlist traces (full inventory "
+                                              f"{full.median_distance():.3g})", art),
+         "hd002_window_inherited_never_shares": value(
+             [short.outcome_share(o) for o in ("window", "inherited", "never")],
+             f"shares of {len(short.mentions)} chapter mentions [window, inherited, never decisive], shortlist traces "
+             f"(full inventory {', '.join(f'{full.outcome_share(o):.2f}' for o in ('window', 'inherited', 'never'))})",
+             art)}
+    a, b = full.scores("prose"), short.scores("prose")
+    v["prosetime_ranking_spearman"] = value(spearman_over_heads(a, b).rho, f"Spearman over {a.size} heads of the "
+                                            "prose-time I_c, full inventory against shortlist", sets)
+    v[f"prosetime_top{pool}_overlap"] = value(top_k_overlap(a, b, pool), f"count of {pool} heads in both runs' "
+                                              f"prose-time top-{pool}", sets)
+    for key, name, what in (
+            (f"hd002_own_locus_top{large}_window_only", f"own_top{large}_window", f"each mention's own top-{large}"),
+            (f"hd002_emission_top{large}_window_only", f"emission_top{large}_window", f"the emission top-{large}"),
+            (f"hd002_prosetime_top{small}_window_only", f"prosetime_top{small}_window", f"the prose-time top-{small}")):
+        v[key] = value(short.necessity(name)[0], f"share of the forced margin removed by {what}, window only; {on}, "
+                       f"shortlist traces (full inventory {full.necessity(name)[0]:.3g})", abl)
+    return v, [*full.inputs(), *short.inputs()]
 
 
 def read_side_values(params: dict) -> tuple[dict, list[Path]]:
@@ -148,6 +192,11 @@ def compute_values(params: dict) -> tuple[dict, list[Path]]:
         reads, read_inputs = read_side_values(params)
         v.update(reads)
         inputs += read_inputs
+    locus = LocusSettings.from_params(params)
+    if (Path(locus.shortlist_out_dir) / "head_sets_locus.json").is_file():
+        loci, locus_inputs = locus_values(params)
+        v.update(loci)
+        inputs += locus_inputs
     return v, inputs
 
 

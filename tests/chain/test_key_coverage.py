@@ -673,6 +673,19 @@ def test_r_c7_shortlist_against_full_inventory_on_paper_shaped_artifacts(paper_h
     params["read_side"].update(out_dir=str(tmp_path / "HD-001-read"), shortlist_out_dir=str(tmp_path / "HD-002-read"))
     _write_read_side(tmp_path / "HD-001-read" / "readside", paper_hd001[1], ["n0", "n1"], params, seed=8)
     _write_read_side(tmp_path / "HD-002-read", body, ["n0", "n1"], params, seed=9)
+    # the prose locus on both runs: the shortlist's prose-time ranking reversed in its top 40, its necessities 1 higher
+    from mistill.locus.passes import LocusSettings
+    from tests.locus.test_r_c6 import NOTES, paper_scores, write_locus_run
+
+    params["locus"].update(out_dir=str(tmp_path / "HD-001-locus"), shortlist_out_dir=str(tmp_path / "HD-002-locus"))
+    prose, emission, suffix = paper_scores()
+    short_prose = prose.copy()
+    top = np.argsort(-prose, kind="stable")[:40]
+    short_prose[top] = prose[top[::-1]]
+    settings = LocusSettings.from_params(params)
+    write_locus_run(tmp_path / "HD-001-locus", NOTES, prose, suffix, emission, settings)
+    write_locus_run(tmp_path / "HD-002-locus", {k: v[:2] for k, v in NOTES.items()}, short_prose, suffix, emission,
+                    settings, offset=1.0)
     module = reader("R-C7")
     values, _ = module.compute_values(params)
     _assert_writes_what_it_lists(module, params, values)
@@ -682,6 +695,14 @@ def test_r_c7_shortlist_against_full_inventory_on_paper_shaped_artifacts(paper_h
     b = phase_scores(body, "P1")
     assert values["ic_spearman_full_vs_shortlist_p1"]["value"] == pytest.approx(spearmanr(a, b).statistic)
     assert values["top40_overlap_p1"]["value"] == 39 and values["top8_overlap_p1_p2_p2c"]["value"] == [7, 7, 7]
+    assert values["prosetime_ranking_spearman"]["value"] == pytest.approx(spearmanr(prose, short_prose).statistic)
+    assert values["prosetime_top40_overlap"]["value"] == 40
+    # the shortlist run keeps each note's first two mentions: window 4 + 10 | window 7 + code | inherited + never
+    assert values["hd002_window_inherited_never_shares"]["value"] == pytest.approx([3 / 6, 1 / 6, 1 / 6])
+    assert values["hd002_median_locus_distance"]["value"] == pytest.approx(7.0)
+    # per note means over decided mentions (offset 1): n0 1.05, n1 2.05, n2 none (inherited, never); prose-time +0.5
+    assert values["hd002_emission_top16_window_only"]["value"] == pytest.approx(1.55)
+    assert values["hd002_prosetime_top8_window_only"]["value"] == pytest.approx(2.05)
 
 
 def test_r_c8_intact_against_detached_on_paper_shaped_artifacts(paper_hd001, tmp_path):

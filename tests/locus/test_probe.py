@@ -170,7 +170,7 @@ def test_necessity_and_the_ablation_sets():
 
 
 def _section(**overrides):
-    section = {"out_dir": "x", "suffix": " the code is", "letter_prefix": " ", "theta": 2.0, "step": 8,
+    section = {"out_dir": "x", "shortlist_out_dir": "y", "suffix": " the code is", "letter_prefix": " ", "theta": 2.0, "step": 8,
                "max_back": 512, "extra_steps": 4, "window": 64, "k": [2, 4], "overlap_k": [2, 4],
                "layers": [1, 2], "pool_k": 4, "max_batch": 8, "attribution_batch": 4, "suffix_leader": "l0h0"}
     return {**section, **overrides}

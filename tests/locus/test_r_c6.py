@@ -33,39 +33,50 @@ def _mention(event, outcome, distance, *, jump=None, first=False, own=False, sta
             "trace_start": start, "own_description_word": own, "locus_word": "word"}
 
 
+NOTES = {
+    "n0": [_mention(0, "window", 4, jump=8.0, first=True, own=True), _mention(1, "window", 10, jump=2.0),
+           _mention(2, "never", None), _mention(3, "inherited", 30, start=True)],
+    "n1": [_mention(0, "window", 7, jump=5.0, own=True), _mention(1, "code", 0), _mention(2, "censored", 512)],
+    "n2": [_mention(0, "inherited", 20), _mention(1, "never", None), _mention(2, "window", 1, jump=9.0)],
+}
+
+
+def write_locus_run(out, notes, prose, suffix, emission, settings, offset=0.0):
+    """A `mistill locus all` directory: locus.json per note, its window.npz, head_sets_locus.json, and
+    ablation.json whose necessities are, per decided mention i of the n-th note, n + 0.1 i + offset (plus
+    0.5 for the prose-time sets)."""
+    for note, mentions in notes.items():
+        write_json(out / note / "locus.json", {"note_id": note, "mentions": mentions, "skipped_mentions": 0,
+                                               "probes": 5 * len(mentions), "n_layers": L, "n_heads": H})
+        write_npz(out / note / "window.npz", kinds=np.asarray(["mention", "NULL"]), events=np.arange(2))
+    write_json(out / "head_sets_locus.json", head_sets({"prose": prose, "suffix": suffix}, L, H, pool_k=40))
+    names = ablation_sets(prose, emission, prose, settings, np.random.default_rng(0))
+    for n, (note, mentions) in enumerate(notes.items()):
+        decided = [m for m in mentions if m["outcome"] in ("window", "code", "censored")]
+        rows = [{"event": m["event"], "outcome": m["outcome"], "clean": 4.0,
+                 "necessity": {name: n + 0.1 * i + offset + (0.5 if name.startswith("prosetime") else 0.0)
+                               for name in names}} for i, m in enumerate(decided)]
+        write_json(out / note / "ablation.json", {"note_id": note, "mentions": rows,
+                                                  "read": {"prosetime": [0.3] * len(rows), "random": [0.1] * len(rows)}})
+
+
+def paper_scores(seed=0):
+    """(prose, emission, suffix) of 1,600 heads: the prose-time top 40 all in layer 12; l21h25 at 0.92 in the suffix."""
+    rng = np.random.default_rng(seed)
+    prose = np.roll(np.concatenate([np.linspace(5, 1, 40), rng.normal(0, 0.01, 1560)]), 12 * H)
+    emission, suffix = rng.normal(0, 1, L * H), rng.normal(0, 1, L * H)
+    suffix[21 * H + 25] = 0.92
+    return prose, emission, suffix
+
+
 @pytest.fixture
 def paper_locus(tmp_path):
     params = copy.deepcopy(load_params(REPO / "params.yaml", profile="paper"))
     out, hd001 = tmp_path / "HD-001-locus", tmp_path / "HD-001"
     params["locus"]["out_dir"], params["instrument"]["out_dir"] = str(out), str(hd001)
-    settings = LocusSettings.from_params(params)
-    notes = {
-        "n0": [_mention(0, "window", 4, jump=8.0, first=True, own=True), _mention(1, "window", 10, jump=2.0),
-               _mention(2, "never", None), _mention(3, "inherited", 30, start=True)],
-        "n1": [_mention(0, "window", 7, jump=5.0, own=True), _mention(1, "code", 0), _mention(2, "censored", 512)],
-        "n2": [_mention(0, "inherited", 20), _mention(1, "never", None), _mention(2, "window", 1, jump=9.0)],
-    }
-    for note, mentions in notes.items():
-        write_json(out / note / "locus.json", {"note_id": note, "mentions": mentions, "skipped_mentions": 0,
-                                               "probes": 5 * len(mentions), "n_layers": L, "n_heads": H})
-        write_npz(out / note / "window.npz", kinds=np.asarray(["mention", "NULL"]), events=np.arange(2))
-    rng = np.random.default_rng(0)
-    prose = np.concatenate([np.linspace(5, 1, 40), rng.normal(0, 0.01, 1560)])    # layers 0-0: heads 0..39
-    prose = np.roll(prose, 12 * H)                                                 # the top 40 all in layer 12
-    emission = rng.normal(0, 1, L * H)
-    suffix = rng.normal(0, 1, L * H)
-    suffix[21 * H + 25] = 0.92
-    write_json(out / "head_sets_locus.json", head_sets({"prose": prose, "suffix": suffix}, L, H, pool_k=40))
+    prose, emission, suffix = paper_scores()
     write_json(hd001 / "head_sets_contrast.json", head_sets({"P1": emission}, L, H, pool_k=40))
-    # ablations: per note the necessity of every set is note index + a per-mention offset
-    names = ablation_sets(prose, emission, prose, settings, np.random.default_rng(0))
-    for n, (note, mentions) in enumerate(notes.items()):
-        decided = [m for m in mentions if m["outcome"] in ("window", "code", "censored")]
-        rows = [{"event": m["event"], "outcome": m["outcome"], "clean": 4.0,
-                 "necessity": {name: n + 0.1 * i + (0.5 if name.startswith("prosetime") else 0.0)
-                               for name in names}} for i, m in enumerate(decided)]
-        write_json(out / note / "ablation.json", {"note_id": note, "mentions": rows,
-                                                  "read": {"prosetime": [0.3] * len(rows), "random": [0.1] * len(rows)}})
+    write_locus_run(out, NOTES, prose, suffix, emission, LocusSettings.from_params(params))
     return params, prose, emission
 
 

@@ -6,12 +6,14 @@
     all        the three in order, one model load (the HD-001-locus stage)
 
 Settings come from params `locus` (out_dir, suffix, theta, window, set sizes); the traces, events,
-means and emission sets from the `instrument` section's run (HD-001).
+means and emission sets from the `instrument` section's run (HD-001).  `--traces`, `--instrument-dir`
+and `--out-dir` run the same passes on another run (TR-007 and HD-002 -> locus.shortlist_out_dir).
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 
 from mistill.params import load_params
 
@@ -23,7 +25,15 @@ def _settings(args):
 
     params = load_params(profile=args.profile)
     set_threads(params.get("models") or {})
-    return InstrumentConfig.from_params(params), LocusSettings.from_params(params), params
+    cfg, settings = InstrumentConfig.from_params(params), LocusSettings.from_params(params)
+    instrument = {k: v for k, v in (("traces", args.traces), ("out_dir", args.instrument_dir)) if v is not None}
+    if instrument:
+        cfg = dataclasses.replace(cfg, **instrument)
+        params = {**params, "instrument": {**params["instrument"], **instrument}}
+    if args.out_dir is not None:
+        settings = dataclasses.replace(settings, out_dir=args.out_dir)
+        params = {**params, "locus": {**params["locus"], "out_dir": args.out_dir}}
+    return cfg, settings, params
 
 
 def _probe(args) -> int:
@@ -69,6 +79,10 @@ def register(commands: argparse._SubParsersAction) -> None:
         p = commands.add_parser(name, help=summary, description=summary)
         p.add_argument("--profile", default=None, help="params.yaml profile (default: the active one)")
         p.add_argument("--limit", type=int, default=None, help="only the first N notes (smoke runs)")
+        p.add_argument("--traces", default=None, help="trace jsonl (default: params instrument.traces)")
+        p.add_argument("--instrument-dir", default=None,
+                       help="the run whose events, means and emission sets to read (default: params instrument.out_dir)")
+        p.add_argument("--out-dir", default=None, help="output directory (default: params locus.out_dir)")
         if resumable:
             p.add_argument("--force", action="store_true", help="recompute notes whose artifact is valid")
         p.set_defaults(func=func)

@@ -64,6 +64,7 @@ STRUCTURAL_WORDS = frozenset({"with", "without", "other", "unspecified", "specif
 @dataclass(frozen=True)
 class LocusSettings:
     out_dir: str
+    shortlist_out_dir: str         # the same passes on the shortlist run (HD-002, R-C7)
     suffix: str                    # the forcing suffix (the paper's suffix B)
     letter_prefix: str             # what the suffix leaves before the letter (" ": the spaced variant)
     theta: float
@@ -108,7 +109,8 @@ class LocusSettings:
     def digest(self, cfg: InstrumentConfig) -> str:
         from mistill.instrument.passes import config_sha256
 
-        body = json.dumps({**asdict(self), "out_dir": None, "instrument": config_sha256(cfg)}, sort_keys=True)
+        body = json.dumps({**asdict(self), "out_dir": None, "shortlist_out_dir": None, "instrument": config_sha256(cfg)},
+                          sort_keys=True)
         return hashlib.sha256(body.encode()).hexdigest()
 
 
