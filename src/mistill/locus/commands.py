@@ -36,12 +36,15 @@ def _settings(args):
     return cfg, settings, params
 
 
-def _probe(args) -> int:
-    from mistill.locus.passes import run_probe
+def _resumable(runner: str):
+    """A resumable pass of `mistill.locus.passes` (run_probe, run_ablate, run_all) as a command."""
+    def command(args) -> int:
+        from mistill.locus import passes
 
-    cfg, settings, params = _settings(args)
-    run_probe(cfg, settings, params, limit=args.limit, force=args.force)
-    return 0
+        cfg, settings, params = _settings(args)
+        getattr(passes, runner)(cfg, settings, params, limit=args.limit, force=args.force)
+        return 0
+    return command
 
 
 def _calibrate(args) -> int:
@@ -54,28 +57,12 @@ def _calibrate(args) -> int:
     return 0
 
 
-def _ablate(args) -> int:
-    from mistill.locus.passes import run_ablate
-
-    cfg, settings, params = _settings(args)
-    run_ablate(cfg, settings, params, limit=args.limit, force=args.force)
-    return 0
-
-
-def _all(args) -> int:
-    from mistill.locus.passes import run_all
-
-    cfg, settings, params = _settings(args)
-    run_all(cfg, settings, params, limit=args.limit, force=args.force)
-    return 0
-
-
 def register(commands: argparse._SubParsersAction) -> None:
     for name, func, summary, resumable in (
-            ("probe", _probe, "walk back from every chapter letter; attribute the windows", True),
+            ("probe", _resumable("run_probe"), "walk back from every chapter letter; attribute the windows", True),
             ("calibrate", _calibrate, "the prose-time and suffix sets (mentions minus NULL)", False),
-            ("ablate", _ablate, "window and suffix ablations; the read at the locus", True),
-            ("all", _all, "probe, calibrate and ablate, one model load", True)):
+            ("ablate", _resumable("run_ablate"), "window and suffix ablations; the read at the locus", True),
+            ("all", _resumable("run_all"), "probe, calibrate and ablate, one model load", True)):
         p = commands.add_parser(name, help=summary, description=summary)
         p.add_argument("--profile", default=None, help="params.yaml profile (default: the active one)")
         p.add_argument("--limit", type=int, default=None, help="only the first N notes (smoke runs)")

@@ -276,8 +276,8 @@ def run_probe(cfg: InstrumentConfig, settings: LocusSettings, params: dict, *, m
     lm = LocusModel(model, tokenizer, settings, sorted({c[0] for c in inventory_codes(cfg.inventory)}))
     out = Path(settings.out_dir)
     digest = settings.digest(cfg)
-    note_pass = NotePass("locus probe", out, "locus.json", load_locus, force, digest)
-    for trace in tqdm(note_pass.shard.mine(_notes(cfg, limit)), desc="locus probe", unit="note"):
+    note_pass = NotePass("locus-probe", out, "locus.json", load_locus, force, digest)
+    for trace in tqdm(note_pass.shard.mine(_notes(cfg, limit)), desc="locus-probe", unit="note"):
         events_path = Path(cfg.out_dir) / trace.note_id / "events.jsonl"
         inputs = inputs_sha256(trace.prompt, trace.completion, events_path)
         if not note_pass.needs(trace.note_id, inputs):
@@ -408,8 +408,8 @@ def run_ablate(cfg: InstrumentConfig, settings: LocusSettings, params: dict, *, 
         model, tokenizer = load_teacher(cfg, params)
     lm = LocusModel(model, tokenizer, settings, sorted({c[0] for c in inventory_codes(cfg.inventory)}))
     digest = settings.digest(cfg)
-    note_pass = NotePass("locus ablate", out, "ablation.json", None, force, digest)
-    for trace in tqdm(note_pass.shard.mine(_notes(cfg, limit)), desc="locus ablate", unit="note"):
+    note_pass = NotePass("locus-ablate", out, "ablation.json", None, force, digest)
+    for trace in tqdm(note_pass.shard.mine(_notes(cfg, limit)), desc="locus-ablate", unit="note"):
         locus_path = out / trace.note_id / "locus.json"
         if not locus_path.exists():
             continue
