@@ -170,7 +170,7 @@ def test_necessity_and_the_ablation_sets():
 
 
 def _section(**overrides):
-    section = {"out_dir": "x", "shortlist_out_dir": "y", "suffix": " the code is", "letter_prefix": " ", "theta": 2.0, "step": 8,
+    section = {"out_dir": "x", "shortlist_out_dir": "y", "follow_out_dir": "z", "min_forced_drop": 1.0, "suffix": " the code is", "letter_prefix": " ", "theta": 2.0, "step": 8,
                "max_back": 512, "extra_steps": 4, "window": 64, "k": [2, 4], "overlap_k": [2, 4],
                "layers": [1, 2], "pool_k": 4, "max_batch": 8, "attribution_batch": 4, "suffix_leader": "l0h0"}
     return {**section, **overrides}
@@ -181,3 +181,40 @@ def _section(**overrides):
 def test_bad_settings_are_one_line_errors(overrides, words):
     with pytest.raises(UserError, match=words):
         LocusSettings.from_params({"locus": _section(**overrides)})
+
+
+def test_follow_through_variants_equal_ablated_full_forwards(model):
+    from mistill.locus.follow import VARIANTS, follow_mention
+
+    m, hook = model
+    ids = random_ids(4, SEQ)
+    pre = prefill(m, hook, ids, reserve=1024)
+    locus, pos = 40, 52                                   # window [24, 40), continuation 40..51, letter at 52
+    window = Window.at(ids, locus, 16, 3, [11, 12], TARGET)
+    natural = ForcedTarget(21, (22, 23, 24))
+    sets = {"prose": [1, 6], "random": [3, 9], "emission": [4, 10]}
+    got = follow_mention(m, hook, pre.cache, pre.mu, ids, window, pos, natural, sets)
+    places = {"clean": ([], slice(0, 0)), "prose": ([1, 6], slice(24, 40)), "random": ([3, 9], slice(24, 40)),
+              "sustained": ([1, 6], slice(24, 52)), "emission": ([4, 10], slice(51, 52))}
+    for name in VARIANTS:
+        heads, at = places[name]
+        mask = torch.zeros(hook.n_layers, pos, hook.n_heads, dtype=torch.bool)
+        for flat in heads:
+            mask[flat // 4, at, flat % 4] = True
+        with torch.no_grad(), hook.replacing(Replacement(mask, pre.mu)):
+            want = natural.margin(m(input_ids=torch.tensor([ids[:pos]])).logits[0, -1].float())
+        assert got["natural"][name] == pytest.approx(float(want), abs=1e-4), name
+    clean, ablated = ablated_margins(m, hook, pre.cache, pre.mu, window, [([1, 6], "window")], 4)
+    assert got["forced_drop"] == pytest.approx(clean - ablated[0], abs=1e-6)
+
+
+def test_follow_through_ratio_flips_and_drops_by_hand():
+    from mistill.locus.follow import flipped, follow_through_ratio, natural_drops
+
+    rows = [{"natural": {"clean": 5.0, "prose": 4.0}, "forced_drop": 4.0},
+            {"natural": {"clean": 3.0, "prose": -1.0}, "forced_drop": 6.0},
+            {"natural": {"clean": 2.0, "prose": 2.0}, "forced_drop": 0.5}]     # below the 1-nat cut
+    assert natural_drops(rows, "prose").tolist() == [1.0, 4.0, 0.0]
+    ratio, natural, forced, n = follow_through_ratio(rows, 1.0)
+    assert (natural, forced, n) == (2.5, 5.0, 2) and ratio == pytest.approx(0.5)
+    assert flipped(rows) == 1

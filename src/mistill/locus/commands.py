@@ -4,6 +4,7 @@
     calibrate  prose-time and suffix sets (mentions minus NULL)         -> <out>/head_sets_locus.json
     ablate     window / suffix ablations and the read at the locus      -> <out>/<note>/ablation.json
     all        the three in order, one model load (the HD-001-locus stage)
+    follow     the follow-through of window-decided mentions            -> <follow_out_dir>/<note>/follow.json
 
 Settings come from params `locus` (out_dir, suffix, theta, window, set sizes); the traces, events,
 means and emission sets from the `instrument` section's run (HD-001).  `--traces`, `--instrument-dir`
@@ -62,7 +63,8 @@ def register(commands: argparse._SubParsersAction) -> None:
             ("probe", _resumable("run_probe"), "walk back from every chapter letter; attribute the windows", True),
             ("calibrate", _calibrate, "the prose-time and suffix sets (mentions minus NULL)", False),
             ("ablate", _resumable("run_ablate"), "window and suffix ablations; the read at the locus", True),
-            ("all", _resumable("run_all"), "probe, calibrate and ablate, one model load", True)):
+            ("all", _resumable("run_all"), "probe, calibrate and ablate, one model load", True),
+            ("follow", _resumable("run_follow"), "the follow-through of window-decided mentions to the letter", True)):
         p = commands.add_parser(name, help=summary, description=summary)
         p.add_argument("--profile", default=None, help="params.yaml profile (default: the active one)")
         p.add_argument("--limit", type=int, default=None, help="only the first N notes (smoke runs)")

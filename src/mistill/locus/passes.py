@@ -65,6 +65,8 @@ STRUCTURAL_WORDS = frozenset({"with", "without", "other", "unspecified", "specif
 class LocusSettings:
     out_dir: str
     shortlist_out_dir: str         # the same passes on the shortlist run (HD-002, R-C7)
+    follow_out_dir: str            # the follow-through pass (R-C12)
+    min_forced_drop: float         # nats: the mentions the follow-through ratio counts (the paper's 1)
     suffix: str                    # the forcing suffix (the paper's suffix B)
     letter_prefix: str             # what the suffix leaves before the letter (" ": the spaced variant)
     theta: float
@@ -109,8 +111,8 @@ class LocusSettings:
     def digest(self, cfg: InstrumentConfig) -> str:
         from mistill.instrument.passes import config_sha256
 
-        body = json.dumps({**asdict(self), "out_dir": None, "shortlist_out_dir": None, "instrument": config_sha256(cfg)},
-                          sort_keys=True)
+        where = {"out_dir": None, "shortlist_out_dir": None, "follow_out_dir": None}   # where, not what
+        body = json.dumps({**asdict(self), **where, "instrument": config_sha256(cfg)}, sort_keys=True)
         return hashlib.sha256(body.encode()).hexdigest()
 
 
@@ -420,6 +422,57 @@ def run_ablate(cfg: InstrumentConfig, settings: LocusSettings, params: dict, *, 
         note = NoteInput.build(tokenizer, trace, load_events(events_path))
         body = ablate_note(lm, note, read_json(locus_path, "locus"), read_npz(out / trace.note_id / "window.npz", "window attribution"),
                            prose, emission)
+        meta = {"config_sha256": digest, "inputs_sha256": inputs, "provenance": provenance(params, settings.seed)}
+        commit_artifact(note_pass.path(trace.note_id), lambda p, b=body: write_json(p, b), meta)
+        note_pass.computed += 1
+    note_pass.finish(params)
+    return note_pass.computed
+
+
+def follow_note(lm: LocusModel, note: NoteInput, locus: dict, prose: np.ndarray, emission: np.ndarray) -> dict:
+    """The follow-through of every window-decided mention of one note (`mistill.locus.follow`)."""
+    from mistill.locus.follow import follow_mention
+
+    s = lm.settings
+    large = max(s.k)
+    rng = note_rng(s.seed, note.note_id + ":follow-random")
+    sets = {"prose": _top(prose, large), "emission": _top(emission, large),
+            "random": sorted(rng.choice(prose.size, size=large, replace=False).tolist())}
+    pre = prefill(lm.model, lm.hook, note.ids, reserve=lm.reserve() + 5 * (s.window + s.max_back))
+    rows = []
+    for row in locus["mentions"]:
+        if row["outcome"] != "window":
+            continue
+        event = note.events[row["event"]]
+        window = Window.at(note.ids, row["pos"] - row["distance"], s.window, note.floor, lm.suffix,
+                           lm.targets[event.code[0]])
+        natural = ForcedTarget(int(event.target_id), tuple(int(c) for c in event.competitor_ids))
+        result = follow_mention(lm.model, lm.hook, pre.cache, pre.mu, note.ids, window, event.pos, natural, sets)
+        rows.append({"event": row["event"], "distance": row["distance"], **result})
+    return {"note_id": note.note_id, "k": large, "mentions": rows}
+
+
+def run_follow(cfg: InstrumentConfig, settings: LocusSettings, params: dict, *, model=None, tokenizer=None,
+               limit: int | None = None, force: bool = False) -> int:
+    """The follow-through pass over a locus run's notes -> <follow_out_dir>/<note>/follow.json (R-C12)."""
+    locus_dir, out = Path(settings.out_dir), Path(settings.follow_out_dir)
+    sets_path = locus_dir / "head_sets_locus.json"
+    prose = phase_scores(load_head_sets(sets_path), "prose")
+    emission = phase_scores(load_head_sets(Path(cfg.out_dir) / "head_sets_contrast.json"), "P1")
+    if model is None:
+        model, tokenizer = load_teacher(cfg, params)
+    lm = LocusModel(model, tokenizer, settings, sorted({c[0] for c in inventory_codes(cfg.inventory)}))
+    digest = settings.digest(cfg)
+    note_pass = NotePass("locus-follow", out, "follow.json", None, force, digest)
+    for trace in tqdm(note_pass.shard.mine(_notes(cfg, limit)), desc="locus-follow", unit="note"):
+        locus_path = locus_dir / trace.note_id / "locus.json"
+        if not locus_path.exists():
+            continue
+        inputs = inputs_sha256(locus_path, sets_path)
+        if not note_pass.needs(trace.note_id, inputs):
+            continue
+        note = NoteInput.build(tokenizer, trace, load_events(Path(cfg.out_dir) / trace.note_id / "events.jsonl"))
+        body = follow_note(lm, note, read_json(locus_path, "locus"), prose, emission)
         meta = {"config_sha256": digest, "inputs_sha256": inputs, "provenance": provenance(params, settings.seed)}
         commit_artifact(note_pass.path(trace.note_id), lambda p, b=body: write_json(p, b), meta)
         note_pass.computed += 1
