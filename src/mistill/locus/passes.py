@@ -400,33 +400,61 @@ def read_at_locus(lm: LocusModel, note: NoteInput, rows: Sequence[int], prose_he
             "random": [float(np.mean([shares[(r, h)] for h in random_heads])) for r in range(len(rows))]}
 
 
-def run_ablate(cfg: InstrumentConfig, settings: LocusSettings, params: dict, *, model=None, tokenizer=None,
-               limit: int | None = None, force: bool = False) -> int:
-    out = Path(settings.out_dir)
-    sets_path = out / "head_sets_locus.json"
-    prose = phase_scores(load_head_sets(sets_path), "prose")
-    emission = phase_scores(load_head_sets(Path(cfg.out_dir) / "head_sets_contrast.json"), "P1")
+@dataclass
+class PassRun:
+    """What every locus pass runs under: the instrument run it reads, the settings, the params, the teacher
+    (loaded on first use when not given), and the command's note limit and --force."""
+
+    cfg: InstrumentConfig
+    settings: LocusSettings
+    params: dict
+    model: object = None
+    tokenizer: object = None
+    limit: int | None = None
+    force: bool = False
+
+
+def _per_note(run: PassRun, name: str, out: Path, artifact: str, inputs_of, compute) -> int:
+    """One resumable pass over the notes: `inputs_of(note_id)` digests a note's inputs (None: nothing to do for
+    it), `compute(lm, note)` its artifact's body, written to <out>/<note>/<artifact>."""
+    cfg, settings, params, model, tokenizer = run.cfg, run.settings, run.params, run.model, run.tokenizer
+    limit, force = run.limit, run.force
     if model is None:
         model, tokenizer = load_teacher(cfg, params)
     lm = LocusModel(model, tokenizer, settings, sorted({c[0] for c in inventory_codes(cfg.inventory)}))
     digest = settings.digest(cfg)
-    note_pass = NotePass("locus-ablate", out, "ablation.json", None, force, digest)
-    for trace in tqdm(note_pass.shard.mine(_notes(cfg, limit)), desc="locus-ablate", unit="note"):
-        locus_path = out / trace.note_id / "locus.json"
-        if not locus_path.exists():
+    note_pass = NotePass(name, out, artifact, None, force, digest)
+    for trace in tqdm(note_pass.shard.mine(_notes(cfg, limit)), desc=name, unit="note"):
+        inputs = inputs_of(trace.note_id)
+        if inputs is None or not note_pass.needs(trace.note_id, inputs):
             continue
-        inputs = inputs_sha256(locus_path, out / trace.note_id / "window.npz", sets_path)
-        if not note_pass.needs(trace.note_id, inputs):
-            continue
-        events_path = Path(cfg.out_dir) / trace.note_id / "events.jsonl"
-        note = NoteInput.build(tokenizer, trace, load_events(events_path))
-        body = ablate_note(lm, note, read_json(locus_path, "locus"), read_npz(out / trace.note_id / "window.npz", "window attribution"),
-                           prose, emission)
+        note = NoteInput.build(tokenizer, trace, load_events(Path(cfg.out_dir) / trace.note_id / "events.jsonl"))
+        body = compute(lm, note)
         meta = {"config_sha256": digest, "inputs_sha256": inputs, "provenance": provenance(params, settings.seed)}
         commit_artifact(note_pass.path(trace.note_id), lambda p, b=body: write_json(p, b), meta)
         note_pass.computed += 1
     note_pass.finish(params)
     return note_pass.computed
+
+
+def run_ablate(cfg: InstrumentConfig, settings: LocusSettings, params: dict, *, model=None, tokenizer=None,
+               limit: int | None = None, force: bool = False) -> int:
+    """Pass A and B ablations and the read at the locus of a locus run's notes -> <out>/<note>/ablation.json."""
+    out = Path(settings.out_dir)
+    sets_path = out / "head_sets_locus.json"
+    prose = phase_scores(load_head_sets(sets_path), "prose")
+    emission = phase_scores(load_head_sets(Path(cfg.out_dir) / "head_sets_contrast.json"), "P1")
+
+    def inputs_of(note_id: str) -> str | None:
+        locus_path = out / note_id / "locus.json"
+        return inputs_sha256(locus_path, out / note_id / "window.npz", sets_path) if locus_path.exists() else None
+
+    def compute(lm: LocusModel, note: NoteInput) -> dict:
+        return ablate_note(lm, note, read_json(out / note.note_id / "locus.json", "locus"),
+                           read_npz(out / note.note_id / "window.npz", "window attribution"), prose, emission)
+
+    run = PassRun(cfg, settings, params, model, tokenizer, limit, force)
+    return _per_note(run, "locus-ablate", out, "ablation.json", inputs_of, compute)
 
 
 def follow_note(lm: LocusModel, note: NoteInput, locus: dict, prose: np.ndarray, emission: np.ndarray) -> dict:
@@ -455,29 +483,20 @@ def follow_note(lm: LocusModel, note: NoteInput, locus: dict, prose: np.ndarray,
 def run_follow(cfg: InstrumentConfig, settings: LocusSettings, params: dict, *, model=None, tokenizer=None,
                limit: int | None = None, force: bool = False) -> int:
     """The follow-through pass over a locus run's notes -> <follow_out_dir>/<note>/follow.json (R-C12)."""
-    locus_dir, out = Path(settings.out_dir), Path(settings.follow_out_dir)
+    locus_dir = Path(settings.out_dir)
     sets_path = locus_dir / "head_sets_locus.json"
     prose = phase_scores(load_head_sets(sets_path), "prose")
     emission = phase_scores(load_head_sets(Path(cfg.out_dir) / "head_sets_contrast.json"), "P1")
-    if model is None:
-        model, tokenizer = load_teacher(cfg, params)
-    lm = LocusModel(model, tokenizer, settings, sorted({c[0] for c in inventory_codes(cfg.inventory)}))
-    digest = settings.digest(cfg)
-    note_pass = NotePass("locus-follow", out, "follow.json", None, force, digest)
-    for trace in tqdm(note_pass.shard.mine(_notes(cfg, limit)), desc="locus-follow", unit="note"):
-        locus_path = locus_dir / trace.note_id / "locus.json"
-        if not locus_path.exists():
-            continue
-        inputs = inputs_sha256(locus_path, sets_path)
-        if not note_pass.needs(trace.note_id, inputs):
-            continue
-        note = NoteInput.build(tokenizer, trace, load_events(Path(cfg.out_dir) / trace.note_id / "events.jsonl"))
-        body = follow_note(lm, note, read_json(locus_path, "locus"), prose, emission)
-        meta = {"config_sha256": digest, "inputs_sha256": inputs, "provenance": provenance(params, settings.seed)}
-        commit_artifact(note_pass.path(trace.note_id), lambda p, b=body: write_json(p, b), meta)
-        note_pass.computed += 1
-    note_pass.finish(params)
-    return note_pass.computed
+
+    def inputs_of(note_id: str) -> str | None:
+        locus_path = locus_dir / note_id / "locus.json"
+        return inputs_sha256(locus_path, sets_path) if locus_path.exists() else None
+
+    def compute(lm: LocusModel, note: NoteInput) -> dict:
+        return follow_note(lm, note, read_json(locus_dir / note.note_id / "locus.json", "locus"), prose, emission)
+
+    run = PassRun(cfg, settings, params, model, tokenizer, limit, force)
+    return _per_note(run, "locus-follow", Path(settings.follow_out_dir), "follow.json", inputs_of, compute)
 
 
 def run_all(cfg: InstrumentConfig, settings: LocusSettings, params: dict, *, limit: int | None = None,
