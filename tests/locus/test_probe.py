@@ -19,7 +19,8 @@ from mistill.locus.probe import (
     forward_sequences,
     walk_back,
 )
-from mistill.locus.window import Window, ablated_margins, ablation_mask, attribute_windows, necessity
+from mistill.locus.window import Window, ablated_margins, ablation_mask, attribute_windows
+from mistill.stats import necessity
 from tests.instrument.conftest import random_ids, tiny_qwen3
 
 SEQ = 60
@@ -158,7 +159,7 @@ def test_forced_targets_compete_against_every_other_letter():
 
 
 def test_necessity_and_the_ablation_sets():
-    assert necessity(4.0, np.array([0.0, 4.0, 6.0])).tolist() == [1.0, 0.0, -0.5]
+    assert necessity(np.full(3, 4.0), np.array([0.0, 4.0, 6.0])).tolist() == [1.0, 0.0, -0.5]
     settings = LocusSettings.from_params({"locus": _section()})
     prose = np.arange(12, dtype=float)
     sets = ablation_sets(prose, -prose, np.zeros(12), settings, np.random.default_rng(0))

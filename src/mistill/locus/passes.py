@@ -53,7 +53,8 @@ from mistill.locus.probe import (
     forward_sequences,
     walk_back,
 )
-from mistill.locus.window import Window, ablated_margins, attribute_windows, necessity
+from mistill.locus.window import Window, ablated_margins, attribute_windows
+from mistill.stats import necessity
 
 DECIDED = ("window", "code", "censored")     # the mentions window attribution covers (App. F)
 # words that carry no meaning of their own in a code's description (App. F "own description word")
@@ -372,7 +373,7 @@ def ablate_note(lm: LocusModel, note: NoteInput, locus: dict, window_arrays: dic
         clean, ablated = ablated_margins(lm.model, lm.hook, pre.cache, pre.mu, window, list(sets.values()),
                                          s.max_batch)
         rows.append({"event": event, "outcome": row["outcome"], "clean": clean,
-                     "necessity": dict(zip(sets, necessity(clean, ablated).round(8).tolist()))})
+                     "necessity": dict(zip(sets, necessity(np.full(len(ablated), clean), ablated).round(8).tolist()))})
         read_rows.append(window.cut - 1)
     reads = read_at_locus(lm, note, read_rows, _top(prose, min(s.k)), rng)
     return {"note_id": note.note_id, "mentions": rows, "read": reads}
@@ -437,13 +438,18 @@ def _per_note(run: PassRun, name: str, out: Path, artifact: str, inputs_of, comp
     return note_pass.computed
 
 
+def _rankings(cfg: InstrumentConfig, locus_dir: Path) -> tuple[Path, np.ndarray, np.ndarray]:
+    """(the locus run's head_sets_locus.json, its prose-time I_c, the instrument run's emission (P1) I_c)."""
+    sets_path = locus_dir / "head_sets_locus.json"
+    return (sets_path, phase_scores(load_head_sets(sets_path), "prose"),
+            phase_scores(load_head_sets(Path(cfg.out_dir) / "head_sets_contrast.json"), "P1"))
+
+
 def run_ablate(cfg: InstrumentConfig, settings: LocusSettings, params: dict, *, model=None, tokenizer=None,
                limit: int | None = None, force: bool = False) -> int:
     """Pass A and B ablations and the read at the locus of a locus run's notes -> <out>/<note>/ablation.json."""
     out = Path(settings.out_dir)
-    sets_path = out / "head_sets_locus.json"
-    prose = phase_scores(load_head_sets(sets_path), "prose")
-    emission = phase_scores(load_head_sets(Path(cfg.out_dir) / "head_sets_contrast.json"), "P1")
+    sets_path, prose, emission = _rankings(cfg, out)
 
     def inputs_of(note_id: str) -> str | None:
         locus_path = out / note_id / "locus.json"
@@ -484,9 +490,7 @@ def run_follow(cfg: InstrumentConfig, settings: LocusSettings, params: dict, *, 
                limit: int | None = None, force: bool = False) -> int:
     """The follow-through pass over a locus run's notes -> <follow_out_dir>/<note>/follow.json (R-C12)."""
     locus_dir = Path(settings.out_dir)
-    sets_path = locus_dir / "head_sets_locus.json"
-    prose = phase_scores(load_head_sets(sets_path), "prose")
-    emission = phase_scores(load_head_sets(Path(cfg.out_dir) / "head_sets_contrast.json"), "P1")
+    sets_path, prose, emission = _rankings(cfg, locus_dir)
 
     def inputs_of(note_id: str) -> str | None:
         locus_path = locus_dir / note_id / "locus.json"

@@ -116,7 +116,3 @@ def ablated_margins(model, hook: HeadHook, cache, mu: torch.Tensor, window: Wind
         out += [float(window.target.margin(logits[b])) for b in range(len(chunk))]
     return out[0], np.asarray(out[1:], dtype=np.float64)
 
-
-def necessity(clean: float, ablated: np.ndarray) -> np.ndarray:
-    """Share of the clean forced margin an ablation removes."""
-    return (clean - np.asarray(ablated, dtype=np.float64)) / clean
