@@ -12,8 +12,17 @@ forced drop of the same window ablation.
   set: its mean with a percentile bootstrap interval over notes, the Wilcoxon p and the notes higher;
 * the share of natural decisions the window ablation flips; the sustained and at-the-code drops.
 
-The residual swap of App. F (l*, transport ratio, flip layer, tail and code swaps) is not a stage yet
-(registry R-C12, unproduced_keys).
+And stage HD-001-swap (`mistill locus swap`, `mistill.locus.swap`): per window-decided mention with a
+donor of another chapter, the donor's residual leaving each grid layer written at the locus token, the
+window's tail or the code token:
+
+* l*, the grid layer with the largest median forced drop under the tail swap; there the median forced
+  and natural drops and the donor letter's median natural gain, the transport ratio (median of the
+  per-mention natural / forced drop, forced drop above min_forced_drop) and the per-note mean natural
+  drop with its bootstrap interval;
+* the ratio of the median drops at the first and last grid layer of the prose-time band (locus.layers);
+* the flip layer (the code swap hands the natural decision to the donor from there on) and the median
+  natural drop of the code swap there and at the next grid layer.
 """
 
 from __future__ import annotations
@@ -25,8 +34,9 @@ import numpy as np
 from mistill.errors import UserError
 from mistill.instrument.readout import run_reader, value
 from mistill.io import read_json
+from mistill.locus import swap as resid
 from mistill.locus.follow import flipped, follow_through_ratio, natural_drops
-from mistill.locus.passes import LocusSettings
+from mistill.locus.passes import LocusSettings, SwapSettings
 from mistill.stats import StatsParams, bootstrap_mean, wilcoxon_signed_rank
 
 READER = "readers/r_c12.py"
@@ -35,8 +45,13 @@ READER = "readers/r_c12.py"
 def keys(params: dict) -> list[str]:
     large = max(LocusSettings.from_params(params).k)
     return ["follow_through_ratio", "natural_margin_drop", "forced_margin_drop", "natural_drop_mean",
-            "natural_drop_vs_random_per_note", "natural_drop_vs_random_per_note_interval", "flipped_decisions", "sustained_window_to_code_drop",
-            f"emission_top{large}_at_code_drop"]
+            "natural_drop_vs_random_per_note", "natural_drop_vs_random_per_note_interval", "flipped_decisions",
+            "sustained_window_to_code_drop", f"emission_top{large}_at_code_drop", *SWAP_KEYS]
+
+
+SWAP_KEYS = ("analysis_layer_l_star", "transport_ratio", "flip_layer", "tail_swap_forced_natural_donor",
+             "tail_swap_per_note_drop", "tail_swap_per_note_drop_interval", "swap_mentions_notes",
+             "mid_layer_ratio_l12_l20", "code_swap_target_drop_l24_l28")
 
 
 def compute_values(params: dict) -> tuple[dict, list[Path]]:
@@ -81,6 +96,66 @@ def compute_values(params: dict) -> tuple[dict, list[Path]]:
         f"top-{large} minus {large} random heads (Wilcoxon p {test.p_value:.3g}, {higher} notes higher)", art)
     v["natural_drop_vs_random_per_note_interval"] = value(
         [interval.low, interval.high], f"{stats.confidence:.0%} percentile bootstrap over notes", art)
+    swap_values, swap_paths = swap_readout(settings, SwapSettings.from_params(params), stats)
+    return {**v, **swap_values}, paths + swap_paths
+
+
+def swap_readout(settings: LocusSettings, swap: SwapSettings, stats: StatsParams) -> tuple[dict, list[Path]]:
+    """The residual swap's values (App. F "Swapping the residual stream", Figure 5)."""
+    out = Path(swap.out_dir)
+    paths = sorted(out.glob("*/swap.json"))
+    if not paths:
+        raise UserError(f"{out}: no swap.json; run `mistill locus swap` (stage HD-001-swap) first")
+    notes = [n for n in (read_json(p, "residual swap") for p in paths) if n["mentions"]]
+    if not notes:
+        raise UserError(f"{out}: no window-decided mention has a donor of another chapter")
+    layers = list(notes[0]["layers"])
+    if any(n["layers"] != layers for n in notes):
+        raise UserError(f"{out}: notes swapped on different layer grids; rerun `mistill locus swap --force`")
+    rows = [r for n in notes for r in n["mentions"]]
+    art = f"{out}/*/swap.json"
+    l_star = resid.analysis_layer(rows, layers)
+    at = layers.index(l_star)
+    ratio, kept = resid.transport_ratio(rows, at, settings.min_forced_drop)
+    flip = resid.flip_layer(rows, layers)
+    if flip is None:
+        raise UserError(f"{out}: the code swap never hands the decision to the donor on grid {layers}; "
+                        "the flip layer is undefined")
+    band = [layer for layer in layers if settings.layers[0] <= layer <= settings.layers[1]]
+    if not band:
+        raise UserError(f"locus.swap.layers {layers}: no grid layer in the prose-time band {list(settings.layers)}")
+    after = layers[min(layers.index(flip) + 1, len(layers) - 1)]
+    per_note = [float(resid.drops(n["mentions"], "natural", "tail", at).mean()) for n in notes]
+    interval = bootstrap_mean(per_note, n_resamples=stats.bootstrap_resamples, seed=stats.bootstrap_seed,
+                              confidence=stats.confidence)
+    higher = int(sum(x > 0 for x in per_note))
+    on = f"{len(rows)} mentions with a donor of another chapter"
+    v = {"analysis_layer_l_star": value(l_star, f"grid layer {layers} with the largest median forced drop under "
+                                        f"the tail swap ({swap.tail} positions); {on}", art),
+         "transport_ratio": value(ratio, f"median natural / forced drop per mention under the tail swap at "
+                                  f"L{l_star}, {kept} mentions with forced drop > {settings.min_forced_drop} nats", art),
+         "flip_layer": value(flip, "first grid layer from which on the donor letter's median natural margin under the "
+                             f"code-token swap is positive; {on}", art),
+         "tail_swap_forced_natural_donor": value(
+             [float(np.median(resid.drops(rows, "forced", "tail", at))),
+              float(np.median(resid.drops(rows, "natural", "tail", at))),
+              float(np.median(resid.donor_gain(rows, "natural", "tail", at)))],
+             f"nats at L{l_star}: median forced drop, median natural drop, median donor natural gain; {on}", art),
+         "tail_swap_per_note_drop": value(interval.estimate, f"nats, mean over {len(notes)} notes of the per-note mean "
+                                          f"natural drop under the tail swap at L{l_star} ({higher} notes above 0)",
+                                          art),
+         "tail_swap_per_note_drop_interval": value([interval.low, interval.high],
+                                                   f"{stats.confidence:.0%} percentile bootstrap over notes", art),
+         "swap_mentions_notes": value([len(rows), len(notes)], "mentions swapped, notes", art),
+         "mid_layer_ratio_l12_l20": value([resid.ratio_of_medians(rows, layers.index(band[0])),
+                                           resid.ratio_of_medians(rows, layers.index(band[-1]))],
+                                          f"median natural / median forced drop under the tail swap at L{band[0]} and "
+                                          f"L{band[-1]}, the grid's ends in the prose-time band", art),
+         "code_swap_target_drop_l24_l28": value(
+             [float(np.median(resid.drops(rows, "natural", "code", layers.index(flip)))),
+              float(np.median(resid.drops(rows, "natural", "code", layers.index(after))))],
+             f"nats, median natural drop under the code-token swap at the flip layer L{flip} and the next grid "
+             f"layer L{after}; {on}", art)}
     return v, paths
 
 

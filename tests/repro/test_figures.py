@@ -47,8 +47,8 @@ def test_every_figure_renders_from_the_committed_results(registry, results, tmp_
         assert not figs[name].placeholder and figs[name].drawn > 0, name
     assert not figs["repro-own-heads"].missing and figs["repro-own-heads"].drawn == 19
     assert sorted(f.name for f in report.figures.placeholders) == [f"figure{i}" for i in (3, 7, 8)]
-    # Figure 5 draws R-C12's follow-through ratio; the residual swap's points are ?? (not a stage yet)
-    assert figs["figure5"].drawn == 1 and "R-C12.transport_ratio" in figs["figure5"].missing
+    # Figure 5 draws R-C12's follow-through ratio and the residual swap's registered points
+    assert figs["figure5"].drawn == 9 and not figs["figure5"].missing
     # Figure 1 from R-C6 at the demo's set sizes (its own keys, the second reference of each ablation bar)
     assert figs["figure1"].drawn == 11 and not figs["figure1"].missing
     # Figure 2 is partial: the main arms the demo trained drawn from R-D6 (untrained, bf16 Vanilla and Mistill per

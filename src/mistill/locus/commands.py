@@ -5,6 +5,7 @@
     ablate     window / suffix ablations and the read at the locus      -> <out>/<note>/ablation.json
     all        the three in order, one model load (the HD-001-locus stage)
     follow     the follow-through of window-decided mentions            -> <follow_out_dir>/<note>/follow.json
+    swap       the residual swap between window-decided mentions         -> <swap.out_dir>/<note>/swap.json
 
 Settings come from params `locus` (out_dir, suffix, theta, window, set sizes); the traces, events,
 means and emission sets from the `instrument` section's run (HD-001).  `--traces`, `--instrument-dir`
@@ -38,7 +39,7 @@ def _settings(args):
 
 
 def _resumable(runner: str):
-    """A resumable pass of `mistill.locus.passes` (run_probe, run_ablate, run_all) as a command."""
+    """A resumable pass of `mistill.locus.passes` (run_probe, run_ablate, run_all, run_follow, run_swap) as a command."""
     def command(args) -> int:
         from mistill.locus import passes
 
@@ -64,7 +65,8 @@ def register(commands: argparse._SubParsersAction) -> None:
             ("calibrate", _calibrate, "the prose-time and suffix sets (mentions minus NULL)", False),
             ("ablate", _resumable("run_ablate"), "window and suffix ablations; the read at the locus", True),
             ("all", _resumable("run_all"), "probe, calibrate and ablate, one model load", True),
-            ("follow", _resumable("run_follow"), "the follow-through of window-decided mentions to the letter", True)):
+            ("follow", _resumable("run_follow"), "the follow-through of window-decided mentions to the letter", True),
+            ("swap", _resumable("run_swap"), "swap the residual stream between window-decided mentions", True)):
         p = commands.add_parser(name, help=summary, description=summary)
         p.add_argument("--profile", default=None, help="params.yaml profile (default: the active one)")
         p.add_argument("--limit", type=int, default=None, help="only the first N notes (smoke runs)")

@@ -90,6 +90,7 @@ class LocusSettings:
         where = f"params.yaml {params.get('name', '<profile>')}.locus"
         if not isinstance(section, dict):
             raise UserError(f"{where}: missing; it names the forcing suffix, theta, the window and the set sizes")
+        section = {k: v for k, v in section.items() if k != "swap"}    # the residual swap's own settings
         try:
             settings = cls(**{**section, "k": tuple(section.get("k", ())),
                               "overlap_k": tuple(section.get("overlap_k", ())),
@@ -501,6 +502,84 @@ def run_follow(cfg: InstrumentConfig, settings: LocusSettings, params: dict, *, 
 
     run = PassRun(cfg, settings, params, model, tokenizer, limit, force)
     return _per_note(run, "locus-follow", Path(settings.follow_out_dir), "follow.json", inputs_of, compute)
+
+
+@dataclass(frozen=True)
+class SwapSettings:
+    """params `locus.swap`: the residual swap's output, layer grid and tail width (App. F, R-C12)."""
+
+    out_dir: str
+    layers: tuple[int, ...]        # residual leaving these decoder layers (the paper names 4 to 28 in steps of 4)
+    tail: int                      # window positions the tail swap replaces (the paper's 8)
+
+    @classmethod
+    def from_params(cls, params: dict) -> SwapSettings:
+        where = f"params.yaml {params.get('name', '<profile>')}.locus.swap"
+        section = (params.get("locus") or {}).get("swap")
+        if not isinstance(section, dict):
+            raise UserError(f"{where}: missing; it names the residual swap's out_dir, layers and tail")
+        try:
+            settings = cls(str(section["out_dir"]), tuple(int(x) for x in section["layers"]), int(section["tail"]))
+        except (KeyError, TypeError, ValueError) as err:
+            raise UserError(f"{where}: {err!r}") from None
+        if not settings.layers or settings.tail < 1 or list(settings.layers) != sorted(set(settings.layers)):
+            raise UserError(f"{where}: layers must be increasing and distinct, tail a positive count")
+        return settings
+
+
+def swap_note(lm: LocusModel, note: NoteInput, locus: dict, swap: SwapSettings) -> dict:
+    """The residual swaps of every window-decided mention of one note that has a donor (`mistill.locus.swap`)."""
+    from mistill.locus.swap import ResidualStreams, SwapMention, nearest_donor, swap_mention
+
+    s = lm.settings
+    if max(swap.layers) >= lm.hook.n_layers:
+        raise UserError(f"locus.swap.layers {list(swap.layers)}: the model has {lm.hook.n_layers} layers")
+    mentions, letters = [], []
+    for row in locus["mentions"]:
+        if row["outcome"] != "window":
+            continue
+        event = note.events[row["event"]]
+        window = Window.at(note.ids, row["pos"] - row["distance"], s.window, note.floor, lm.suffix,
+                           lm.targets[event.code[0]])
+        natural = ForcedTarget(int(event.target_id), tuple(int(c) for c in event.competitor_ids))
+        mentions.append((row, SwapMention(window, int(event.pos), natural)))
+        letters.append((int(event.pos), event.code[0]))
+    rows = []
+    if len(set(c for _, c in letters)) < 2:
+        return {"note_id": note.note_id, "layers": list(swap.layers), "tail": swap.tail, "mentions": rows}
+    longest = max(len(m.natural_sequence(note.ids)) for _, m in mentions) + len(lm.suffix)
+    pre = prefill(lm.model, lm.hook, note.ids, reserve=s.max_batch * longest)
+    streams = ResidualStreams(lm.model)
+    try:
+        for i, (row, mention) in enumerate(mentions):
+            j = nearest_donor(letters, i)
+            if j is None:
+                continue
+            margins = swap_mention(lm.model, lm.hook, streams, pre.cache, note.ids, mention, mentions[j][1],
+                                   swap.layers, swap.tail, s.max_batch)
+            rows.append({"event": row["event"], "donor_event": mentions[j][0]["event"], "distance": row["distance"],
+                         **margins})
+    finally:
+        streams.remove()
+    return {"note_id": note.note_id, "layers": list(swap.layers), "tail": swap.tail, "mentions": rows}
+
+
+def run_swap(cfg: InstrumentConfig, settings: LocusSettings, params: dict, *, model=None, tokenizer=None,
+             limit: int | None = None, force: bool = False) -> int:
+    """The residual swap over a locus run's notes -> <locus.swap.out_dir>/<note>/swap.json (R-C12)."""
+    swap = SwapSettings.from_params(params)
+    locus_dir = Path(settings.out_dir)
+    grid = json.dumps(asdict(swap) | {"out_dir": None}, sort_keys=True)     # what the swap computes, not where
+
+    def inputs_of(note_id: str) -> str | None:
+        locus_path = locus_dir / note_id / "locus.json"
+        return inputs_sha256(locus_path, grid) if locus_path.exists() else None
+
+    def compute(lm: LocusModel, note: NoteInput) -> dict:
+        return swap_note(lm, note, read_json(locus_dir / note.note_id / "locus.json", "locus"), swap)
+
+    run = PassRun(cfg, settings, params, model, tokenizer, limit, force)
+    return _per_note(run, "locus-swap", Path(swap.out_dir), "swap.json", inputs_of, compute)
 
 
 def run_all(cfg: InstrumentConfig, settings: LocusSettings, params: dict, *, limit: int | None = None,

@@ -60,7 +60,13 @@ def render_registry_md(registry: Registry) -> str:
              "the token-by-token scan of the crossing step, the trace's start as the previous code's end of a first "
              "code, window importance with the instrument's sign (I = -A, summed over the window or the suffix), "
              "NULL windows of the same width ending at the NULL position, and necessity as the share of the clean "
-             "forced margin an ablation removes: `src/mistill/locus/probe.py`, `src/mistill/locus/window.py`."), ""]
+             "forced margin an ablation removes: `src/mistill/locus/probe.py`, `src/mistill/locus/window.py`."),
+            ("- The residual swap (App. F, Figure 5): the donor as the nearest window-decided mention of another "
+             "chapter in the note, positions aligned by their offset from the locus and at the code token, the layer "
+             "grid from params, l* as the grid layer with the largest median forced drop under the tail swap, the "
+             "transport ratio as the median per-mention natural / forced drop, the mid-layer ratios as ratios of "
+             "the medians, and the flip layer as the first grid layer from which on the donor's letter wins the "
+             "code-swapped decision: `src/mistill/locus/swap.py`."), ""]
     out += ["## Nondeterminism classes", ""]
     for name, cls in registry.classes.items():
         out.append(f"- **{name}** ({cls['name']}): {_md(cls['definition'])}")
