@@ -51,7 +51,10 @@ def keys(params: dict) -> list[str]:
 
 SWAP_KEYS = ("analysis_layer_l_star", "transport_ratio", "flip_layer", "tail_swap_forced_natural_donor",
              "tail_swap_per_note_drop", "tail_swap_per_note_drop_interval", "swap_mentions_notes",
-             "mid_layer_ratio_l12_l20", "code_swap_target_drop_l24_l28")
+             "mid_layer_ratio_l12_l20", "code_swap_target_drop_l24_l28",
+             # Figure 5's profile over the grid (registry extra_keys; the grid's length is the profile's)
+             "swap_layer_grid", "tail_swap_forced_drop_by_layer", "tail_swap_natural_drop_by_layer",
+             "locus_swap_forced_drop_by_layer", "code_swap_natural_drop_by_layer", "code_swap_donor_margin_by_layer")
 
 
 def compute_values(params: dict) -> tuple[dict, list[Path]]:
@@ -156,6 +159,22 @@ def swap_readout(settings: LocusSettings, swap: SwapSettings, stats: StatsParams
               float(np.median(resid.drops(rows, "natural", "code", layers.index(after))))],
              f"nats, median natural drop under the code-token swap at the flip layer L{flip} and the next grid "
              f"layer L{after}; {on}", art)}
+
+    def by_layer(medians, what: str) -> dict:
+        return value([float(np.median(medians(i))) for i in range(len(layers))],
+                     f"nats, median {what} per grid layer {layers}; {on}", art)
+
+    v["swap_layer_grid"] = value(layers, "grid layers of the swap", art)
+    v["tail_swap_forced_drop_by_layer"] = by_layer(lambda i: resid.drops(rows, "forced", "tail", i),
+                                                   "forced drop under the tail swap")
+    v["tail_swap_natural_drop_by_layer"] = by_layer(lambda i: resid.drops(rows, "natural", "tail", i),
+                                                    "natural drop under the tail swap")
+    v["locus_swap_forced_drop_by_layer"] = by_layer(lambda i: resid.drops(rows, "forced", "locus", i),
+                                                    "forced drop under the swap of the locus token")
+    v["code_swap_natural_drop_by_layer"] = by_layer(lambda i: resid.drops(rows, "natural", "code", i),
+                                                    "natural drop under the code-token swap")
+    v["code_swap_donor_margin_by_layer"] = by_layer(lambda i: [r["natural"]["code"][i][1] for r in rows],
+                                                    "donor letter natural margin under the code-token swap")
     return v, paths
 
 

@@ -96,6 +96,13 @@ def test_r_c12_values_by_hand(tmp_path):
     # donor medians under the code swap -5, -3, -1, 2, 6: it wins from L24 on; target drops there and at L28
     assert v["flip_layer"] == 24
     assert v["code_swap_target_drop_l24_l28"] == pytest.approx([9, 17])
+    # Figure 5's profile: medians per grid layer
+    assert v["swap_layer_grid"] == LAYERS
+    assert v["tail_swap_forced_drop_by_layer"] == pytest.approx([2, 7, 5, 1, 0])
+    assert v["tail_swap_natural_drop_by_layer"] == pytest.approx([1, 3, 1, 0.2, 0])
+    assert v["locus_swap_forced_drop_by_layer"] == pytest.approx([0] * 5)
+    assert v["code_swap_natural_drop_by_layer"] == pytest.approx([0, 1, 2, 9, 17])
+    assert v["code_swap_donor_margin_by_layer"] == pytest.approx([-5, -3, -1, 2, 6])
 
 
 def test_r_c12_refuses_a_grid_without_a_flip(tmp_path):

@@ -12,6 +12,7 @@ pytest.importorskip("matplotlib")
 
 from mistill.errors import UserError  # noqa: E402
 from mistill.repro import figures as figures_module  # noqa: E402
+from mistill.repro.numbers import read_numbers  # noqa: E402
 from mistill.repro.render import render_paper  # noqa: E402
 from tests.repro.repro_helpers import REPO, paper_values, write_fixture  # noqa: E402
 
@@ -47,8 +48,9 @@ def test_every_figure_renders_from_the_committed_results(registry, results, tmp_
         assert not figs[name].placeholder and figs[name].drawn > 0, name
     assert not figs["repro-own-heads"].missing and figs["repro-own-heads"].drawn == 19
     assert sorted(f.name for f in report.figures.placeholders) == [f"figure{i}" for i in (3, 7, 8)]
-    # Figure 5 draws R-C12's follow-through ratio and the residual swap's registered points
-    assert figs["figure5"].drawn == 9 and not figs["figure5"].missing
+    # Figure 5 draws the residual swap over the demo's 4-layer grid (two by-layer panels: 4 ticks each, 3 and 2
+    # series of 4 points) and its registered points (3 bars, 4 ratios)
+    assert figs["figure5"].drawn == (4 + 3 * 4) + (4 + 2 * 4) + 3 + 4 and not figs["figure5"].missing
     # Figure 1 from R-C6 at the demo's set sizes (its own keys, the second reference of each ablation bar)
     assert figs["figure1"].drawn == 11 and not figs["figure1"].missing
     # Figure 2 is partial: the main arms the demo trained drawn from R-D6 (untrained, bf16 Vanilla and Mistill per
@@ -58,7 +60,7 @@ def test_every_figure_renders_from_the_committed_results(registry, results, tmp_
     assert not any(m.startswith(("R-D6.", "R-D7.smollm_mistill_s0")) for m in figs["figure2"].missing)
     assert report.missing["figures/figure2"] == figs["figure2"].missing
     assert "R-D7.qwen_randpos_own_p2c" in report.shown_missing()
-    assert report.figures.summary() == ("figures: 12 rendered, 9 from numbers files (4 with ?? points), "
+    assert report.figures.summary() == ("figures: 12 rendered, 9 from numbers files (3 with ?? points), "
                                         "3 missing-data placeholder(s)")
     index = (tmp_path / "build" / "figures" / "index.md").read_text()
     assert "![repro-knockin-by-k](repro-knockin-by-k.png)" in index and "missing-data placeholder" in index
@@ -111,6 +113,34 @@ def test_a_list_of_references_draws_the_first_a_numbers_file_holds(registry, res
         render(registry, results, tmp_path / "again",
                templates=_templates_with(tmp_path / "e", "zz-empty", {**spec, "panels": [
                    {"kind": "bars", "bars": [{"label": "none", "value": []}]}]}))
+
+
+def test_a_lines_panel_over_a_list_value_draws_every_grid_point(registry, results, tmp_path):
+    """x_list: ticks from a list value whose length the profile decides (the swap's layer grid), each series a
+    list value of the same length; a series no numbers file holds is a gap at every tick."""
+    numbers = json.loads((results / "R-C12.json").read_text())
+    grid = numbers["values"]["swap_layer_grid"]["value"]
+    forced = numbers["values"]["tail_swap_forced_drop_by_layer"]["value"]
+    panel = {"kind": "lines", "x_list": "R-C12.swap_layer_grid", "x_prefix": "L",
+             "series": [{"label": "forced", "list": "R-C12.tail_swap_forced_drop_by_layer"}]}
+    spec = {"title": "by layer", "reads": ["R-C12"], "panels": [panel]}
+    lookup = figures_module._Lookup(registry, {"R-C12": read_numbers(results / "R-C12.json", registry)}, ["R-C12"],
+                                    "spec", frozenset())
+    data = figures_module._panel_data(lookup, panel, tmp_path / "spec.yaml", 0)
+    assert data.labels == [f"L{layer}" for layer in grid] and data.series == [("forced", forced)]
+    assert lookup.drawn == 2 * len(grid) and not lookup.missing
+    report = render(registry, results, tmp_path / "build", templates=_templates_with(tmp_path, "zz-grid", spec))
+    assert next(f for f in report.figures.figures if f.name == "zz-grid").drawn == 2 * len(grid)
+    # a series one element short of the grid is a one-line error; a missing series a gap at every tick
+    numbers["values"]["tail_swap_forced_drop_by_layer"]["value"] = forced[:-1]
+    (results / "R-C12.json").write_text(json.dumps(numbers))
+    with pytest.raises(UserError, match=f"has {len(grid) - 1} values for {len(grid)} ticks"):
+        render(registry, results, tmp_path / "again", templates=_templates_with(tmp_path / "t2", "zz-grid", spec))
+    del numbers["values"]["tail_swap_forced_drop_by_layer"]
+    (results / "R-C12.json").write_text(json.dumps(numbers))
+    report = render(registry, results, tmp_path / "third", templates=_templates_with(tmp_path / "t3", "zz-grid", spec))
+    fig = next(f for f in report.figures.figures if f.name == "zz-grid")
+    assert fig.missing == ["R-C12.tail_swap_forced_drop_by_layer"] and fig.drawn == len(grid)
 
 
 @pytest.mark.parametrize("spec, message", [

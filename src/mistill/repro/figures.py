@@ -31,6 +31,11 @@ A spec::
         x: ["100", "250", "493"]      # or explicit x tick labels, one value per tick
         series:
           - {label: M1 lead, values: ["R-D8.m1_p2c_lead_n100_n250_n493[0]", ...]}
+      - kind: lines
+        x_list: R-C12.swap_layer_grid # or the ticks from a list value, as long as the profile makes it
+        x_prefix: L                   # optional, before each tick (L0, L4, ...)
+        series:
+          - {label: forced drop, list: R-C12.tail_swap_forced_drop_by_layer}   # a list value, one per tick
 
 Roles: ``{student_qwen}`` (a model, params ``labels.models``) and ``{region_reader}`` (a named head, params
 ``readers.named_heads``: ``{region_reader}``, ``{region_reader_2}``, ``{prose_reader}``, ``{contrastive_reader}``,
@@ -165,6 +170,24 @@ class _Lookup:
         self.drawn += 1
         return float(value)
 
+
+    def whole_list(self, ref: str) -> list[float] | None:
+        """A list value as a whole (a series over a grid whose length the profile decides); None: missing."""
+        rid, key, index = self.parse(ref)
+        if index is not None:
+            raise UserError(f"{self.where}: {ref}: a whole list is named without an index")
+        if key not in self.registry.registered_keys(rid):
+            raise UserError(f"{self.where}: {rid} has no registered value key {key!r}")
+        record = self.numbers.get(rid)
+        value = record.values[key]["value"] if record and key in record.values else None
+        if value is None:
+            self.missing.append(f"{rid}.{key}")
+            return None
+        if not isinstance(value, list) or not all(isinstance(v, (int, float)) and not isinstance(v, bool)
+                                                  for v in value):
+            raise UserError(f"{self.where}: {rid}.{key} is not a list of numbers (value {value!r})")
+        self.drawn += len(value)
+        return [float(v) for v in value]
 
     def first(self, refs: list[str], k: int | None = None) -> float | None:
         """The first of `refs` a numbers file holds (the paper's grid result, then the cell a smaller profile
@@ -398,7 +421,9 @@ def _panel_data(lookup: _Lookup, panel: dict[str, Any], where: Path, i: int) -> 
         if not series_specs:
             raise UserError(f"{where}: panel {i + 1}: lines panel without series")
         ranges = []
-        if "x" in panel:
+        if "x_list" in panel:
+            labels, points = _whole_list_series(lookup, panel, series_specs, where, i)
+        elif "x" in panel:
             labels = [str(x) for x in panel["x"]]
             points = []
             for s in series_specs:
@@ -417,6 +442,27 @@ def _panel_data(lookup: _Lookup, panel: dict[str, Any], where: Path, i: int) -> 
     return _Panel(panel["kind"], str(panel.get("title", "")), str(panel.get("xlabel", "")),
                   str(panel.get("ylabel", "")), labels, series, ranges, roles, refs, lookup.missing[before:],
                   missing_points)
+
+
+def _whole_list_series(lookup: _Lookup, panel: dict[str, Any], series_specs: list[dict], where: Path,
+                       i: int) -> tuple[list[str], list[list[tuple[bool, float | None]]]]:
+    """Ticks from a list value (`x_list`, `x_prefix`) and each series from a list value of the same length."""
+    ticks = lookup.whole_list(str(panel["x_list"]))
+    prefix = str(panel.get("x_prefix", ""))
+    labels = [prefix + (f"{t:g}") for t in ticks] if ticks is not None else [MISSING]
+    points = []
+    for s in series_specs:
+        if "list" not in s:
+            raise UserError(f"{where}: panel {i + 1}: with x_list, series {s.get('label')!r} names a `list` value")
+        values = lookup.whole_list(str(s["list"]))
+        if values is None:
+            points.append([(True, None)] * len(labels))
+            continue
+        if ticks is not None and len(values) != len(ticks):
+            raise UserError(f"{where}: panel {i + 1}: {s['list']} has {len(values)} values for {len(ticks)} ticks "
+                            f"of {panel['x_list']}")
+        points.append([(True, v) for v in values] if ticks is not None else [(True, None)])
+    return labels, points
 
 
 def _value_if_registered(lookup: _Lookup, pattern: str, k: int) -> tuple[bool, float | None]:
