@@ -64,7 +64,7 @@ def patients(params: dict) -> dict[str, str]:
     from mistill.world.notes import load_notes
 
     out = {}
-    for name in TRACE_SETS["TR-006"][0]:
+    for name in TRACE_SETS["TR-006"].files:
         out.update({n.note_id: n.patient_id for n in load_notes(data_dir(params) / name)})
     return out
 

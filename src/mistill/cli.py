@@ -20,6 +20,7 @@ GROUPS = {
     "models": "tokenizers, tiny demo models, generation, teacher traces",
     "instrument": "events, attribution, patching, knock-in, calibration",
     "locus": "the prose locus: forcing probe, window attribution, prose-time set (App. F)",
+    "control": "controls of the characterization: the instruction control's views (App. B)",
     "distill": "span buckets, teacher targets, head pools, training arms",
     "baselines": "the baseline arms of Table 2: Feature-KD, DistiLLM-2, OPD, GOLD",
     "evaluate": "task, fidelity and mechanism metrics",

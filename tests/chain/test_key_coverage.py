@@ -705,6 +705,85 @@ def test_r_c7_shortlist_against_full_inventory_on_paper_shaped_artifacts(paper_h
     assert values["hd002_prosetime_top8_window_only"]["value"] == pytest.approx(2.05)
 
 
+def _recovery_by_hand(rows_by_note: dict[str, list[dict]], phase: str, k: int, kind: str) -> dict[str, float]:
+    """Per note the mean knock-in recovery (m_set - m_corr) / (m_all - m_corr) of one set kind at one phase."""
+    return {note: float(np.mean([(r["knockin"][kind][str(k)] - r["margin_corr"]) / (r["margin_all"] - r["margin_corr"])
+                                 for r in rows if r["kind"] == phase]))
+            for note, rows in rows_by_note.items()}
+
+
+def test_r_c14_instruction_control_by_hand(paper_hd001, tmp_path):
+    """Three drawn notes of HD-001's five: the re-ranked sets with HD-001's leader demoted, HD-001's sets knocked in
+    beating random on 3 of 3 (P1) and 2 of 3 (P2C) notes, the prose locus on the notes' first two mentions."""
+    import shutil
+
+    from mistill.io import read_jsonl
+    from mistill.locus.passes import LocusSettings
+    from tests.locus.test_r_c6 import NOTES, paper_scores, write_locus_run
+
+    params = copy.deepcopy(paper_hd001[0])
+    hd001 = Path(params["instrument"]["out_dir"])
+    params["paths"] = {**params["paths"], "artifacts": str(tmp_path / "artifacts")}
+    control = params["instruction_control"]
+    control.update(out_dir=str(tmp_path / "HD-A"), orig_sets_dir=str(tmp_path / "KI-A-orig"),
+                   locus_out_dir=str(tmp_path / "HD-A-locus"))
+    write_jsonl(tmp_path / "artifacts" / "TR-A" / "traces.jsonl",
+                [{"note_id": n, "valid": v, "n_new_tokens": t} for n, v, t in (("n0", True, 100), ("n1", True, 300),
+                                                                              ("n2", False, 1024))])
+    write_jsonl(tmp_path / "artifacts" / "TR-006" / "traces.jsonl",
+                [{"note_id": f"n{i}", "valid": True, "n_new_tokens": 50 + 10 * i} for i in range(5)])
+    body = copy.deepcopy(paper_hd001[1])
+    for ranked in body["phases"].values():   # the leader falls to the bottom of every re-ranked ranking
+        ranked[0]["ic"] = min(r["ic"] for r in ranked) - 1.0
+    write_json(tmp_path / "HD-A" / "head_sets_contrast.json", body)
+    shutil.copy(hd001 / "faithfulness2.json", tmp_path / "HD-A" / "faithfulness2.json")
+    orig = json.loads((hd001 / "faithfulness2.json").read_text())
+    for phase, above in (("P1", 3), ("P2C", 2)):
+        orig["phases"][phase]["bins"]["8"]["knockin"]["vs"]["random"].update(notes_top_above=above, notes=3)
+    write_json(tmp_path / "KI-A-orig" / "faithfulness2.json", orig)
+    # the locus: HD-001's on every mention; the control's prose-time ranking with ranks 5-8 and 9-12 swapped
+    prose, emission, suffix = paper_scores()
+    new_prose = prose.copy()
+    order = np.argsort(-prose, kind="stable")
+    new_prose[order[4:8]], new_prose[order[8:12]] = prose[order[8:12]], prose[order[4:8]]
+    params["locus"]["out_dir"] = str(tmp_path / "HD-001-locus")
+    settings = LocusSettings.from_params(params)
+    write_locus_run(tmp_path / "HD-001-locus", NOTES, prose, suffix, emission, settings)
+    write_locus_run(tmp_path / "HD-A-locus", {k: v[:2] for k, v in NOTES.items()}, new_prose, suffix, emission, settings)
+
+    module = reader("R-C14")
+    values, _ = module.compute_values(params)
+    _assert_writes_what_it_lists(module, params, values)
+    assert not sorted(set(REGISTRY.expected("paper").values["R-C14"]) - set(values))
+    v = {k: x["value"] for k, x in values.items()}
+    assert (v["notes_orig_sets_beat_random_chapter"], v["notes_orig_sets_beat_random_contrastive"]) == (3, 2)
+    assert v["orig_sets_beat_random_notes_of"] == [3, 3]
+    assert v["reranked_top40_overlap_chapter"] == 39 and v["reranked_top40_overlap_contrastive"] == 39
+    # NOTES: window 2 + 1 + 1 of 10 mentions, inherited 1 + 0 + 1; the first two of each: window 2 + 1 + 0 of 6
+    assert v["window_locus_share_with_instruction_same_notes"] == pytest.approx(40.0)
+    assert v["window_locus_share_no_instruction"] == pytest.approx(50.0)
+    assert v["inherited_share_no_instruction_with"] == pytest.approx([100 / 6, 20.0])
+    assert v["prosetime_top8_heads_from_hd001"] == 4
+    new_top = set(np.argsort(-new_prose, kind="stable")[:8].tolist())
+    emission_top = set(np.argsort(-phase_scores(body, "P1"), kind="stable")[:8].tolist())
+    assert v["prosetime_top8_emission_top8_overlap"] == len(new_top & emission_top)
+    assert v["valid_traces"] == 2 and v["median_generated_tokens"] == [300.0, 60.0]
+    assert v["criteria_thresholds"] == [90.0, 20, 2]
+    assert v["criteria_met"] == [0, 1, int(len(new_top & emission_top) <= 2)]   # 2 of 3 contrastive notes < 90%
+    # HD-001's own cells on the same notes (n0, n1, n2), recomputed by hand from its patch rows
+    rows = {n: read_jsonl(hd001 / n / "patch2.jsonl") for n in ("n0", "n1", "n2")}
+    for i, phase in enumerate(("P1", "P2C")):
+        top = _recovery_by_hand(rows, phase, 40, "top")
+        assert v["knockin_hd001_same_notes_p1_p2c"][i] == pytest.approx(float(np.median(list(top.values()))))
+        top8, rand8 = _recovery_by_hand(rows, phase, 8, "top"), _recovery_by_hand(rows, phase, 8, "random")
+        assert v["hd001_same_notes_beat_random_p1_p2c"][i] == sum(top8[n] > rand8[n] for n in rows)
+        assert v["knockin_random_p1_p2c"][i] == orig["phases"][phase]["bins"]["40"]["knockin"]["random"]["median"]
+    # a size that is not a knock-in bin is a one-line error
+    control["k"] = 7
+    with pytest.raises(UserError, match="k=7"):
+        module.compute_values(params)
+
+
 def test_r_c8_intact_against_detached_on_paper_shaped_artifacts(paper_hd001, tmp_path):
     """Two hooks' calibration arrays and the re-run's attribution: every value against scipy and by hand."""
     from mistill.io import write_npz

@@ -8,6 +8,7 @@ import pytest
 import yaml
 
 from mistill.cli import main
+from mistill.errors import UserError
 from mistill.io import read_jsonl, write_jsonl
 from mistill.models import commands, generation
 from mistill.models.architectures import TinyArchitecture, build_model
@@ -77,6 +78,35 @@ def test_traces_full_inventory_set(world):
     assert main(["models", "traces", "--set", "TR-006", "--limit", "1"]) == 0
     records = read_jsonl(world / "artifacts" / "TR-006" / "traces.jsonl")
     assert len(records) == 1 and "E11.9 type 2 diabetes" in records[0]["prompt"]
+
+
+def test_instruction_control_set_drops_only_the_narrow_sentence_on_a_seeded_draw(world):
+    from mistill.models.traces import control_draw
+    from mistill.world.prompt import NARROW_SENTENCE
+
+    params = yaml.safe_load((world / "params.yaml").read_text())
+    params["demo"]["instruction_control"] = {"notes": 2, "seed": 0}
+    (world / "params.yaml").write_text(yaml.safe_dump(params))
+    assert main(["models", "traces", "--set", "TR-006"]) == 0
+    assert main(["models", "traces", "--set", "TR-A"]) == 0
+    original = {r["note_id"]: r for r in read_jsonl(world / "artifacts" / "TR-006" / "traces.jsonl")}
+    control = read_jsonl(world / "artifacts" / "TR-A" / "traces.jsonl")
+    assert [r["note_id"] for r in control] == ["n0", "n1"]            # both characterization notes, in order
+    for record in control:
+        before = original[record["note_id"]]["prompt"]
+        assert NARROW_SENTENCE in before and NARROW_SENTENCE not in record["prompt"]
+        assert record["prompt"] == before.replace(" " + NARROW_SENTENCE, "")
+    summary = json.loads((world / "artifacts" / "TR-A" / "summary.json").read_text())
+    assert summary["provenance"]["narrow_instruction"] is False and summary["overall"]["notes"] == 2
+    # the draw: seeded, in corpus order, a size between 2 and the notes
+    ids = [f"n{i:02d}" for i in range(30)]
+    drawn = control_draw(ids, {"instruction_control": {"notes": 9, "seed": 0}})
+    assert len(drawn) == 9 and drawn == sorted(drawn)
+    assert drawn == control_draw(ids, {"instruction_control": {"notes": 9, "seed": 0}})
+    assert drawn != control_draw(ids, {"instruction_control": {"notes": 9, "seed": 1}})
+    for bad in ({"notes": 1, "seed": 0}, {"notes": 31, "seed": 0}, {"seed": 0}):
+        with pytest.raises(UserError, match="instruction_control"):
+            control_draw(ids, {"instruction_control": bad})
 
 
 def test_bad_input(world, capsys):

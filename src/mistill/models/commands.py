@@ -378,8 +378,8 @@ def register(subparsers) -> None:
     sub.add_argument("--out-dir", help="write <out-dir>/<student key>/ instead of params models.<key>")
     sub.set_defaults(func=cmd_pretrain_students)
 
-    sub = subparsers.add_parser("traces", help="teacher traces of one trace set (TR-006, TR-007, TR-008)")
-    sub.add_argument("--set", required=True, help="TR-006, TR-007 or TR-008")
+    sub = subparsers.add_parser("traces", help="teacher traces of one trace set (TR-006, TR-007, TR-008, TR-A)")
+    sub.add_argument("--set", required=True, help="TR-006, TR-007, TR-008 or TR-A (R-C14: the instruction control)")
     sub.add_argument("--model", help="model id or directory (default: params models.teacher)")
     sub.add_argument("--device", help="cpu, cuda or auto (default: params models.device)")
     sub.add_argument("--limit", type=int, help="only the first N notes (smoke runs)")

@@ -3,6 +3,9 @@
 * TR-006: the characterization notes on the full-inventory prompt (HD-001).
 * TR-007: the same notes on their shortlists (HD-002; the validation set).
 * TR-008: the distillation corpus (train and test notes) on their shortlists.
+* TR-A: R-C14's instruction control (App. B): a seeded draw of the characterization notes
+  (params `instruction_control.notes`, `.seed`) on the full-inventory prompt without the
+  narrow-then-decide sentence, nothing else changed.
 
 One record per note, in the trace-record contract (`artifacts/<set>/traces.jsonl`):
 the untemplated prompt, the completion after the assistant header, App. K's
@@ -23,7 +26,7 @@ from __future__ import annotations
 
 import re
 from collections import Counter
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -31,11 +34,39 @@ from typing import Any
 from mistill.models.world_files import FULL, SHORTLIST, load_note_file, load_world
 from mistill.shard import Shard
 
-TRACE_SETS: dict[str, tuple[tuple[str, ...], str]] = {
-    "TR-006": (("corpus_char.jsonl",), FULL),
-    "TR-007": (("corpus_char.jsonl",), SHORTLIST),
-    "TR-008": (("dt_test.jsonl", "dt_train.jsonl"), SHORTLIST),  # test notes first: the ones scored
+
+@dataclass(frozen=True)
+class TraceSet:
+    files: tuple[str, ...]              # note files, in order
+    kind: str                           # FULL inventory or SHORTLIST prompt
+    narrow_instruction: bool = True     # False: the prompt without the narrow-then-decide sentence (R-C14)
+    control_draw: bool = False          # only params instruction_control's seeded draw of the notes (R-C14)
+
+
+TRACE_SETS: dict[str, TraceSet] = {
+    "TR-006": TraceSet(("corpus_char.jsonl",), FULL),
+    "TR-007": TraceSet(("corpus_char.jsonl",), SHORTLIST),
+    "TR-008": TraceSet(("dt_test.jsonl", "dt_train.jsonl"), SHORTLIST),  # test notes first: the ones scored
+    "TR-A": TraceSet(("corpus_char.jsonl",), FULL, narrow_instruction=False, control_draw=True),
 }
+
+
+def control_draw(note_ids: Sequence[str], params: dict[str, Any]) -> list[str]:
+    """R-C14's notes: params instruction_control.notes of `note_ids` drawn with its seed, in their own order."""
+    import numpy as np
+
+    from mistill.errors import UserError
+
+    section = params.get("instruction_control") or {}
+    try:
+        n, seed = int(section["notes"]), int(section["seed"])
+    except (KeyError, TypeError, ValueError):
+        raise UserError("params.yaml instruction_control: needs `notes` (how many) and `seed`") from None
+    if not 2 <= n <= len(note_ids):
+        raise UserError(f"params.yaml instruction_control.notes: {n}; between 2 (a knock-in donor) and the "
+                        f"{len(note_ids)} characterization notes")
+    drawn = set(np.random.default_rng(seed).choice(len(note_ids), size=n, replace=False).tolist())
+    return [note_id for i, note_id in enumerate(note_ids) if i in drawn]
 
 # A dotted (or three-character) ICD-10-CM code string standing on its own (METHOD-GUIDE §5:
 # dotted inventory code strings at token boundaries, over the whole generated text).
@@ -176,9 +207,14 @@ def run_trace_set(params: dict[str, Any], trace_set: str, *, spec: str, device: 
     from mistill.world.prompt import template_hash
 
     section = params["models"]
-    files, kind = TRACE_SETS[trace_set]
+    trace_spec = TRACE_SETS[trace_set]
+    kind = trace_spec.kind
     world = load_world(params, need_shortlists=kind != FULL)
-    notes = [n for name in files for n in load_note_file(params, name, world.inventory)][:limit or None]
+    notes = [n for name in trace_spec.files for n in load_note_file(params, name, world.inventory)]
+    if trace_spec.control_draw:
+        drawn = set(control_draw([n.note_id for n in notes], params))
+        notes = [n for n in notes if n.note_id in drawn]
+    notes = notes[:limit or None]
     decoding = Decoding.from_params(params["decoding"])
     base_seed = int(params["seeds"]["decoding"])
     backend = section.get("generation_backend", "transformers")
@@ -188,7 +224,7 @@ def run_trace_set(params: dict[str, Any], trace_set: str, *, spec: str, device: 
     settings = {**decoding.as_dict(), "backend": backend, "attn_implementation": attn}
     model_spec = ModelSpec.from_params(section, spec, base="teacher", attn_implementation=attn)
     model_sha256 = model_fingerprint(model_spec)  # its files, dtype and YaRN: a model retrained in place differs
-    prompts = {n.note_id: world.prompt(n, kind) for n in notes}
+    prompts = {n.note_id: world.prompt(n, kind, narrow_instruction=trace_spec.narrow_instruction) for n in notes}
     # App. B: one fixed seed for every teacher trace; a record is kept only under the same input key
     rows = ResumableRows(trace_path(params, trace_set),
                          {n.note_id: input_key(model_sha256=model_sha256, prompt=prompts[n.note_id],
@@ -228,7 +264,8 @@ def run_trace_set(params: dict[str, Any], trace_set: str, *, spec: str, device: 
     # a cached output: what the traces are, never where or how fast they were made
     summary["provenance"] = provenance({"models": section, "decoding": params["decoding"],
                                         "seeds": params["seeds"]}, seed=base_seed, trace_set=trace_set,
-                                       prompt_kind=kind, model=spec, model_sha256=model_sha256,
+                                       prompt_kind=kind, narrow_instruction=trace_spec.narrow_instruction,
+                                       model=spec, model_sha256=model_sha256,
                                        prompt_template_sha256=template_hash())
     write_json(rows.path.with_name("summary.json"), summary)
     return TraceRun(rows.path, summary, rows.computed, rows.reused)

@@ -1,0 +1,1 @@
+"""Controls of the characterization: the instruction control (App. B, R-C14)."""
