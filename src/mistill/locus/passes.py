@@ -28,7 +28,7 @@ import torch
 from tqdm import tqdm
 
 from mistill.errors import UserError
-from mistill.instrument.events import LetterVariants, note_rng
+from mistill.instrument.events import Event, LetterVariants, note_rng
 from mistill.instrument.global_sets import head_sets, load_head_sets, phase_scores, ranking
 from mistill.instrument.hook import HeadHook
 from mistill.instrument.passes import (
@@ -464,6 +464,20 @@ def run_ablate(cfg: InstrumentConfig, settings: LocusSettings, params: dict, *, 
     return _per_note(run, "locus-ablate", out, "ablation.json", inputs_of, compute)
 
 
+def window_mentions(lm: LocusModel, note: NoteInput, locus: dict) -> list[tuple[dict, Event, Window, ForcedTarget]]:
+    """Every window-decided mention of a note's locus.json: (its row, its P1 event, its window ending at the
+    locus with the forced target, the natural target and competitors at its letter)."""
+    out = []
+    for row in locus["mentions"]:
+        if row["outcome"] != "window":
+            continue
+        event = note.events[row["event"]]
+        window = Window.at(note.ids, row["pos"] - row["distance"], lm.settings.window, note.floor, lm.suffix,
+                           lm.targets[event.code[0]])
+        out.append((row, event, window, ForcedTarget(int(event.target_id), tuple(int(c) for c in event.competitor_ids))))
+    return out
+
+
 def follow_note(lm: LocusModel, note: NoteInput, locus: dict, prose: np.ndarray, emission: np.ndarray) -> dict:
     """The follow-through of every window-decided mention of one note (`mistill.locus.follow`)."""
     from mistill.locus.follow import follow_mention
@@ -475,13 +489,7 @@ def follow_note(lm: LocusModel, note: NoteInput, locus: dict, prose: np.ndarray,
             "random": sorted(rng.choice(prose.size, size=large, replace=False).tolist())}
     pre = prefill(lm.model, lm.hook, note.ids, reserve=lm.reserve() + 5 * (s.window + s.max_back))
     rows = []
-    for row in locus["mentions"]:
-        if row["outcome"] != "window":
-            continue
-        event = note.events[row["event"]]
-        window = Window.at(note.ids, row["pos"] - row["distance"], s.window, note.floor, lm.suffix,
-                           lm.targets[event.code[0]])
-        natural = ForcedTarget(int(event.target_id), tuple(int(c) for c in event.competitor_ids))
+    for row, event, window, natural in window_mentions(lm, note, locus):
         result = follow_mention(lm.model, lm.hook, pre.cache, pre.mu, note.ids, window, event.pos, natural, sets)
         rows.append({"event": row["event"], "distance": row["distance"], **result})
     return {"note_id": note.note_id, "k": large, "mentions": rows}
@@ -535,13 +543,7 @@ def swap_note(lm: LocusModel, note: NoteInput, locus: dict, swap: SwapSettings) 
     if max(swap.layers) >= lm.hook.n_layers:
         raise UserError(f"locus.swap.layers {list(swap.layers)}: the model has {lm.hook.n_layers} layers")
     mentions, letters = [], []
-    for row in locus["mentions"]:
-        if row["outcome"] != "window":
-            continue
-        event = note.events[row["event"]]
-        window = Window.at(note.ids, row["pos"] - row["distance"], s.window, note.floor, lm.suffix,
-                           lm.targets[event.code[0]])
-        natural = ForcedTarget(int(event.target_id), tuple(int(c) for c in event.competitor_ids))
+    for row, event, window, natural in window_mentions(lm, note, locus):
         mentions.append((row, SwapMention(window, int(event.pos), natural)))
         letters.append((int(event.pos), event.code[0]))
     rows = []
