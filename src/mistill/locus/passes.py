@@ -439,22 +439,26 @@ def _per_note(run: PassRun, name: str, out: Path, artifact: str, inputs_of, comp
     return note_pass.computed
 
 
-def _rankings(cfg: InstrumentConfig, locus_dir: Path) -> tuple[Path, np.ndarray, np.ndarray]:
-    """(the locus run's head_sets_locus.json, its prose-time I_c, the instrument run's emission (P1) I_c)."""
-    sets_path = locus_dir / "head_sets_locus.json"
-    return (sets_path, phase_scores(load_head_sets(sets_path), "prose"),
-            phase_scores(load_head_sets(Path(cfg.out_dir) / "head_sets_contrast.json"), "P1"))
+def _rankings(cfg: InstrumentConfig, locus_dir: Path) -> tuple[np.ndarray, np.ndarray, str]:
+    """(the locus run's prose-time I_c, the instrument run's emission (P1) I_c, a digest of both).
+
+    The passes that read the two rankings key their notes by the rankings themselves, not by the files'
+    bytes: the files carry the code version, and a commit alone must not redo every note."""
+    prose = phase_scores(load_head_sets(locus_dir / "head_sets_locus.json"), "prose")
+    emission = phase_scores(load_head_sets(Path(cfg.out_dir) / "head_sets_contrast.json"), "P1")
+    digest = hashlib.sha256(np.concatenate([prose, emission]).astype("<f8").tobytes()).hexdigest()
+    return prose, emission, digest
 
 
 def run_ablate(cfg: InstrumentConfig, settings: LocusSettings, params: dict, *, model=None, tokenizer=None,
                limit: int | None = None, force: bool = False) -> int:
     """Pass A and B ablations and the read at the locus of a locus run's notes -> <out>/<note>/ablation.json."""
     out = Path(settings.out_dir)
-    sets_path, prose, emission = _rankings(cfg, out)
+    prose, emission, rankings = _rankings(cfg, out)
 
     def inputs_of(note_id: str) -> str | None:
         locus_path = out / note_id / "locus.json"
-        return inputs_sha256(locus_path, out / note_id / "window.npz", sets_path) if locus_path.exists() else None
+        return inputs_sha256(locus_path, out / note_id / "window.npz", rankings) if locus_path.exists() else None
 
     def compute(lm: LocusModel, note: NoteInput) -> dict:
         return ablate_note(lm, note, read_json(out / note.note_id / "locus.json", "locus"),
@@ -499,11 +503,11 @@ def run_follow(cfg: InstrumentConfig, settings: LocusSettings, params: dict, *, 
                limit: int | None = None, force: bool = False) -> int:
     """The follow-through pass over a locus run's notes -> <follow_out_dir>/<note>/follow.json (R-C12)."""
     locus_dir = Path(settings.out_dir)
-    sets_path, prose, emission = _rankings(cfg, locus_dir)
+    prose, emission, rankings = _rankings(cfg, locus_dir)
 
     def inputs_of(note_id: str) -> str | None:
         locus_path = locus_dir / note_id / "locus.json"
-        return inputs_sha256(locus_path, sets_path) if locus_path.exists() else None
+        return inputs_sha256(locus_path, rankings) if locus_path.exists() else None
 
     def compute(lm: LocusModel, note: NoteInput) -> dict:
         return follow_note(lm, note, read_json(locus_dir / note.note_id / "locus.json", "locus"), prose, emission)
