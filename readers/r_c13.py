@@ -15,13 +15,18 @@
 
 * Read side: the read-side lifts of Table 16 (each phase's top-k, random panel and bottom-k, HD-001-read)
   re-aggregated by patient; the largest move of a median.
-
-The forcing-suffix locus re-runs are another pass (registry R-C13, unproduced_keys).
+* Suffix robustness (App. F, Table 25): the walk-back again under each other wording of params
+  locus.suffix_rerun (stage HD-001-locus-suffix, the paper's suffixes D and A) on HD-001's first notes,
+  against the main wording's locus (HD-001-locus) mention by mention: the median locus distance under
+  each wording and the median of those, the category agreement, the window shares, and how many mentions
+  decided in the window under both wordings lie within one walk-back step of each other.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
+
+import numpy as np
 
 from mistill.errors import UserError
 from mistill.instrument.knockin import SET_KINDS, summarize
@@ -34,6 +39,8 @@ from mistill.instrument.readout import (
     value,
 )
 from mistill.io import read_jsonl, read_npz
+from mistill.locus.passes import LocusSettings
+from mistill.locus.readout import LocusRun, compare_wordings
 from mistill.models.traces import TRACE_SETS
 from mistill.models.world_files import data_dir
 from mistill.stats import split_half_stability
@@ -56,7 +63,21 @@ def keys(params: dict) -> list[str]:
     return ["knockin_median_shift_patient_unit_max", "necessity_median_shift_patient_unit_max_p1_p2c",
             "p2_necessity_rise_patient_unit", f"split_half_top{small}_overlap", f"split_half_top{large}_overlap",
             "split_half_spearman_full", "split_half_spearman_shortlist_p2c_min", "patient_units_notes_patients",
-            "readside_lift_shift_max"]
+            "readside_lift_shift_max", *suffix_keys(params)]
+
+
+def suffix_variants(params: dict) -> list[str]:
+    """The other wordings' names, in params order (the paper's D, A)."""
+    return list((((params.get("locus") or {}).get("suffix_rerun") or {}).get("variants") or {}))
+
+
+def suffix_keys(params: dict) -> list[str]:
+    names = [n.lower() for n in suffix_variants(params)]
+    if not names:
+        return []
+    return ["median_locus_distance_all_suffixes", "median_locus_distance_b_d_a",
+            *(f"category_agreement_suffix_{n}" for n in names), "window_share_suffix_" + "_".join(names) + "_b",
+            "same_step_agreement", "same_step_median_distance_difference", "suffix_rerun_notes_mentions"]
 
 
 def patients(params: dict) -> dict[str, str]:
@@ -153,7 +174,56 @@ def compute_values(params: dict) -> tuple[dict, list[Path]]:
                                              f"random panel and bottom-k) with {n} patients as units",
                                              f"{read_dir}/*/read.jsonl")
         inputs += [read_dir / "read_panel.json", *sorted(read_dir.glob("*/read.jsonl"))]
+    if suffix_variants(params):
+        suffix_v, suffix_inputs = suffix_values(params)
+        v.update(suffix_v)
+        inputs += suffix_inputs
     return v, inputs
+
+
+def suffix_values(params: dict) -> tuple[dict, list[Path]]:
+    """The walk-back under each other wording against the main one (App. F "suffix robustness", Table 25)."""
+    settings = LocusSettings.from_params(params)
+    names = suffix_variants(params)
+    # <wording>/<note>/locus.json, stage HD-001-locus-suffix
+    rerun_dir = Path((params.get("paths") or {}).get("artifacts", "artifacts")) / "HD-001-locus-suffix"
+    runs = {name: LocusRun.load(rerun_dir / name, ablations=False) for name in names}
+    main = LocusRun.load(settings.out_dir, ablations=False)
+    notes = sorted({b["note_id"] for run in runs.values() for b in run.bodies})
+    if any(sorted(b["note_id"] for b in run.bodies) != notes for run in runs.values()):
+        raise UserError(f"{rerun_dir}: the wordings were re-run on different notes; rerun stage HD-001-locus-suffix")
+    base = [b for b in main.bodies if b["note_id"] in notes]
+    compared = {name: compare_wordings(base, runs[name].bodies, settings.step) for name in names}
+    base_window = [m for b in base for m in b["mentions"] if m["outcome"] == "window"]
+    if not base_window or any(not c.window_distances for c in compared.values()):
+        raise UserError("a wording decides no chapter mention in the window; no locus distance to compare")
+    medians = [float(np.median([m["distance"] for m in base_window]))]
+    medians += [float(np.median(compared[name].window_distances)) for name in names]
+    mentions = sum(len(b["mentions"]) for b in base)
+    on = f"{len(notes)} notes, {mentions} chapter mentions"
+    art = f"{rerun_dir}/*/*/locus.json"
+    both = sum(c.both_window for c in compared.values())
+    differences = [d for c in compared.values() for d in c.distance_differences]
+    order = "main, " + ", ".join(names)
+    v = {"median_locus_distance_all_suffixes": value(float(np.median(medians)), f"tokens, median of the median "
+                                                     f"locus distances under the {len(medians)} wordings; {on}", art),
+         "median_locus_distance_b_d_a": value(medians, f"tokens, median locus distance under each wording ({order})",
+                                              art),
+         "window_share_suffix_" + "_".join(n.lower() for n in names) + "_b": value(
+             [compared[n].window_share for n in names] + [100.0 * len(base_window) / mentions],
+             f"percent of chapter mentions decided in the window ({', '.join(names)}, main); {on}", art),
+         "same_step_agreement": value(100.0 * sum(c.within_step for c in compared.values()) / both if both else
+                                      float("nan"), f"percent of {both} mentions decided in the window under the main "
+                                      f"wording and another within one {settings.step}-token step", art),
+         "same_step_median_distance_difference": value(float(np.median(differences)) if differences else float("nan"),
+                                                       "tokens, median difference of their distances", art),
+         "suffix_rerun_notes_mentions": value([len(notes), mentions], "notes and chapter mentions re-run", art)}
+    for name in names:
+        v[f"category_agreement_suffix_{name.lower()}"] = value(
+            compared[name].category_agreement, f"percent of {compared[name].mentions} chapter mentions with the same "
+            f"outcome under wording {name} and the main one", art)
+    inputs = [*main.loci, *(p for run in runs.values() for p in run.loci)]
+    return v, [p for p in inputs if p.parent.name in notes]
 
 
 def readside_lift_shift(read_dir: Path, units: dict[str, str]) -> tuple[float, int]:

@@ -562,6 +562,7 @@ def test_r_c13_writes_its_keys_on_paper_shaped_artifacts(paper_hd001, tmp_path):
         write_npz(run / "calibration.npz", **ic, **{f"notes_{p}": np.asarray(notes) for p in PHASES})
     params["read_side"]["out_dir"] = str(tmp_path / "HD-001-read")
     _write_read_side(tmp_path / "HD-001-read" / "readside", paper_hd001[1], notes, params, seed=7)
+    _write_suffix_reruns(tmp_path, params)
     module = reader("R-C13")
     values, _ = module.compute_values(params)
     _assert_writes_what_it_lists(module, params, values)
@@ -571,6 +572,36 @@ def test_r_c13_writes_its_keys_on_paper_shaped_artifacts(paper_hd001, tmp_path):
     # a ranking this clear keeps its top-8 and top-40 in every split
     assert values["split_half_top8_overlap"]["value"] == 8.0
     assert values["split_half_top40_overlap"]["value"] == [40.0, 40.0]
+    # the suffix re-runs (see _write_suffix_reruns): window distances main 4, 10, 7, 1; D 4, 7, 9; A 20, 10, 7, 3, 1
+    v = {k: x["value"] for k, x in values.items()}
+    assert v["median_locus_distance_b_d_a"] == [5.5, 7.0, 7.0] and v["median_locus_distance_all_suffixes"] == 7.0
+    assert v["category_agreement_suffix_d"] == pytest.approx(90.0)
+    assert v["category_agreement_suffix_a"] == pytest.approx(90.0)
+    assert v["window_share_suffix_d_a_b"] == pytest.approx([30.0, 50.0, 40.0])
+    # in the window under both: D (4, 4), (7, 7), (1, 9); A (4, 20), (10, 10), (7, 7), (1, 1): 6 of 7 within 8 tokens
+    assert v["same_step_agreement"] == pytest.approx(600 / 7)
+    assert v["same_step_median_distance_difference"] == 0.0
+    assert v["suffix_rerun_notes_mentions"] == [3, 10]
+
+
+def _write_suffix_reruns(root: Path, params: dict) -> None:
+    """The main wording's locus (test_r_c6's NOTES) and wordings D and A with a few mentions moved."""
+    from mistill.locus.passes import LocusSettings
+    from tests.locus.test_r_c6 import NOTES, paper_scores, write_locus_run
+
+    params["locus"]["out_dir"] = str(root / "HD-001-locus")
+    prose, emission, suffix = paper_scores()
+    write_locus_run(root / "HD-001-locus", NOTES, prose, suffix, emission, LocusSettings.from_params(params))
+    moved = {"D": {("n0", 1): ("never", None), ("n2", 2): ("window", 9)},
+             "A": {("n1", 1): ("window", 3), ("n0", 0): ("window", 20)}}
+    for name, changes in moved.items():
+        for note, mentions in NOTES.items():
+            rows = [{**m, **dict(zip(("outcome", "distance"), changes.get((note, m["event"]), (m["outcome"],
+                                                                                           m["distance"]))))}
+                    for m in mentions]
+            write_json(root / "HD-001-locus-suffix" / name / note / "locus.json",
+                       {"note_id": note, "mentions": rows, "skipped_mentions": 0, "probes": 5, "n_layers": 40,
+                        "n_heads": 40})
 
 
 def test_r_d9_costs_from_run_logs_by_hand(tmp_path):

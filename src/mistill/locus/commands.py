@@ -9,7 +9,8 @@
 
 Settings come from params `locus` (out_dir, suffix, theta, window, set sizes); the traces, events,
 means and emission sets from the `instrument` section's run (HD-001).  `--traces`, `--instrument-dir`
-and `--out-dir` run the same passes on another run (TR-007 and HD-002 -> locus.shortlist_out_dir).
+and `--out-dir` run the same passes on another run (TR-007 and HD-002 -> locus.shortlist_out_dir);
+`probe --suffix-variant D` walks back under another forcing wording (params locus.suffix_rerun, R-C13).
 """
 
 from __future__ import annotations
@@ -35,6 +36,10 @@ def _settings(args):
     if args.out_dir is not None:
         settings = dataclasses.replace(settings, out_dir=args.out_dir)
         params = {**params, "locus": {**params["locus"], "out_dir": args.out_dir}}
+    if getattr(args, "suffix_variant", None):
+        settings = settings.suffix_variant(params, args.suffix_variant)
+        params = {**params, "locus": {**params["locus"], "suffix": settings.suffix,
+                                      "letter_prefix": settings.letter_prefix}}
     return cfg, settings, params
 
 
@@ -76,4 +81,7 @@ def register(commands: argparse._SubParsersAction) -> None:
         p.add_argument("--out-dir", default=None, help="output directory (default: params locus.out_dir)")
         if resumable:
             p.add_argument("--force", action="store_true", help="recompute notes whose artifact is valid")
+        if name == "probe":
+            p.add_argument("--suffix-variant", default=None,
+                           help="another forcing wording, params locus.suffix_rerun.variants (R-C13's re-runs)")
         p.set_defaults(func=func)

@@ -16,6 +16,7 @@ the same settings and inputs is kept).  The events, means and emission sets come
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import re
@@ -62,6 +63,9 @@ STRUCTURAL_WORDS = frozenset({"with", "without", "other", "unspecified", "specif
                               "due", "and", "from", "than", "that", "this", "into", "type", "site", "part"})
 
 
+NESTED = ("swap", "suffix_rerun")      # params locus sections of their own passes (SwapSettings, suffix_variant)
+
+
 @dataclass(frozen=True)
 class LocusSettings:
     out_dir: str
@@ -90,7 +94,7 @@ class LocusSettings:
         where = f"params.yaml {params.get('name', '<profile>')}.locus"
         if not isinstance(section, dict):
             raise UserError(f"{where}: missing; it names the forcing suffix, theta, the window and the set sizes")
-        section = {k: v for k, v in section.items() if k != "swap"}    # the residual swap's own settings
+        section = {k: v for k, v in section.items() if k not in NESTED}
         try:
             settings = cls(**{**section, "k": tuple(section.get("k", ())),
                               "overlap_k": tuple(section.get("overlap_k", ())),
@@ -105,6 +109,18 @@ class LocusSettings:
         if not settings.k or any(k < 1 for k in settings.k) or len(settings.layers) != 2:
             raise UserError(f"{where}: k needs positive sizes and layers a [first, last] band")
         return settings
+
+    def suffix_variant(self, params: dict, name: str) -> LocusSettings:
+        """These settings with another forcing wording (params locus.suffix_rerun.variants[name]: its suffix and
+        letter prefix), for the walk-back re-runs of App. F's suffix robustness (R-C13)."""
+        variants = ((params.get("locus") or {}).get("suffix_rerun") or {}).get("variants") or {}
+        if name not in variants:
+            raise UserError(f"params.yaml locus.suffix_rerun.variants: no wording {name!r} "
+                            f"(known: {', '.join(sorted(variants)) or 'none'})")
+        variant = variants[name]
+        if not isinstance(variant, dict) or not variant.get("suffix") or "letter_prefix" not in variant:
+            raise UserError(f"params.yaml locus.suffix_rerun.variants.{name}: needs a suffix and a letter_prefix")
+        return dataclasses.replace(self, suffix=str(variant["suffix"]), letter_prefix=str(variant["letter_prefix"]))
 
     @property
     def walk(self) -> WalkSettings:

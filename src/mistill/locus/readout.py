@@ -7,6 +7,7 @@ head_sets_locus.json (the prose-time and suffix rankings).
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -27,16 +28,17 @@ class LocusRun:
     ablations: list[dict]
 
     @classmethod
-    def load(cls, out: str | Path) -> LocusRun:
+    def load(cls, out: str | Path, *, ablations: bool = True) -> LocusRun:
+        """A run's walk-backs and (unless `ablations` is False: a probe-only run) its ablations."""
         out = Path(out)
         loci = sorted(out.glob("*/locus.json"))
         if not loci:
             raise UserError(f"{out}: no locus.json; run `mistill locus all` (its HD-*-locus stage) first")
-        ablations = [read_json(p.with_name("ablation.json"), "locus ablations") for p in loci
-                     if p.with_name("ablation.json").exists()]
-        if not ablations:
+        read = [read_json(p.with_name("ablation.json"), "locus ablations") for p in loci
+                if ablations and p.with_name("ablation.json").exists()]
+        if ablations and not read:
             raise UserError(f"{out}: no ablation.json; run `mistill locus ablate` first")
-        return cls(out, loci, [read_json(p, "locus") for p in loci], ablations)
+        return cls(out, loci, [read_json(p, "locus") for p in loci], read)
 
     @property
     def mentions(self) -> list[dict]:
@@ -79,3 +81,33 @@ class LocusRun:
         files = [*self.loci, *(p.with_name("window.npz") for p in self.loci),
                  *(p.with_name("ablation.json") for p in self.loci), self.sets_path]
         return [p for p in files if p.exists()]
+
+
+@dataclass(frozen=True)
+class WordingComparison:
+    """One forcing wording's walk-back against the main wording's on the same mentions (App. F, Table 25)."""
+
+    mentions: int                 # chapter mentions probed under both wordings
+    category_agreement: float     # percent of them with the same outcome
+    window_share: float           # percent decided in the window under this wording
+    window_distances: list[int]   # its window-decided mentions' distances
+    both_window: int              # mentions decided in the window under both wordings
+    within_step: int              # ... whose distances differ by at most one walk-back step
+    distance_differences: list[int]   # |d - d_main| of those decided in the window under both
+
+
+def compare_wordings(main: Sequence[dict], other: Sequence[dict], step: int) -> WordingComparison:
+    """Per mention (note, event), this wording's locus against the main wording's; `main` and `other` are the
+    locus.json bodies of the two runs (the other run's notes only)."""
+    by_mention = {(b["note_id"], m["event"]): m for b in main for m in b["mentions"]}
+    pairs = [(by_mention[(b["note_id"], m["event"])], m) for b in other for m in b["mentions"]
+             if (b["note_id"], m["event"]) in by_mention]
+    if not pairs:
+        raise UserError("no chapter mention was probed under both wordings")
+    both = [(a, b) for a, b in pairs if a["outcome"] == b["outcome"] == "window"]
+    differences = [abs(int(a["distance"]) - int(b["distance"])) for a, b in both]
+    return WordingComparison(
+        mentions=len(pairs), category_agreement=100.0 * sum(a["outcome"] == b["outcome"] for a, b in pairs) / len(pairs),
+        window_share=100.0 * sum(b["outcome"] == "window" for _, b in pairs) / len(pairs),
+        window_distances=[int(b["distance"]) for _, b in pairs if b["outcome"] == "window"],
+        both_window=len(both), within_step=sum(d <= step for d in differences), distance_differences=differences)
