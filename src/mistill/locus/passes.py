@@ -8,10 +8,15 @@
     ablate     per note: the fixed prose-time top-k, the emission top-k, random and bottom sets and
                each mention's own top-k, mean-ablated at the window / suffix positions; the prose-time
                heads' attention on the note at the locus -> <out>/<note>/ablation.json
+    follow     per note: the window ablation followed through to the code letter (R-C12, Table 31)
+               -> <follow_out_dir>/<note>/follow.json
+    swap       per note: the residual swap between window-decided mentions of different chapters
+               (R-C12, Figure 5) -> <locus.swap.out_dir>/<note>/swap.json
 
 Each per-note artifact is resumable as the instrument's passes are (a valid artifact computed under
 the same settings and inputs is kept).  The events, means and emission sets come from HD-001
-(params `instrument.out_dir`); the settings from params `locus`.
+(params `instrument.out_dir`); the settings from params `locus`, the swap's from `locus.swap`, and
+the other forcing wordings of R-C13's re-runs from `locus.suffix_rerun` (`suffix_variant`).
 """
 
 from __future__ import annotations
