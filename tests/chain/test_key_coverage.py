@@ -338,6 +338,87 @@ def test_r_d6_writes_the_paper_keys_on_paper_shaped_own_heads_artifacts(tmp_path
 
 
 
+def _readside_rows(heads: list[int], shares_n: list[float]) -> list[dict]:
+    """One note's readside.jsonl: one P2C event where each head puts `shares_n` on the near-miss's mentions."""
+    from mistill.instrument.readside import CAT, CATEGORIES
+
+    shares = []
+    for share in shares_n:
+        row = [0.0] * len(CATEGORIES)
+        row[CAT["trace_N"]] = share
+        shares.append(row)
+    return [{"kind": "P2C", "pos": 5, "heads": heads, "shares": shares, "lift": [1.0] * len(heads)}]
+
+
+def test_r_d15_readouts_by_hand(tmp_path):
+    """Paper-shaped own-heads, evaluation and locus artifacts whose M4, M3 and M5 values are set by hand."""
+    from tests.chain.test_readers import write_arm
+    from tests.locus.test_r_c6 import _mention
+
+    params = copy.deepcopy(PAPER_PARAMS)
+    params["paths"] = {"artifacts": str(tmp_path), "results": str(tmp_path / "results")}
+    section = params["evaluate"]["own_heads"]
+    section["teacher_faithfulness"] = str(tmp_path / "HD-002" / "faithfulness2.json")
+    k, notes, heads = max(section["bins"]), ["n0", "n1", "n2"], [7, 3, 12]   # 3 of 4-head layers: l1h3, l0h3, l3h0
+    write_json(tmp_path / "HD-002" / "faithfulness2.json", {"phases": {"P1": {"bins": {
+        str(section["teacher_k"]): {"knockin": {"top": {"median": 0.915}}}}}}})
+    # every arm's P1 knock-in recovers (m_set - 0) / 2: untrained Qwen 0.9, 1.0, 0.95 -> median 0.95
+    recovery = {"qwen_untrained": [0.9, 1.0, 0.95], "smollm_untrained": [0.99, 0.98, 0.97]}
+    # M3 share_N per arm (readside.json) and which head leads the loop-back per arm (readside.jsonl)
+    m3 = {"qwen_untrained": 0.05, "qwen_vanilla_fp32": 0.08, "qwen_vanilla_bf16": 0.04, "qwen_mistill": 0.06,
+          "smollm_untrained": 0.081, "smollm_vanilla_fp32": 0.058, "smollm_vanilla_bf16": 0.05, "smollm_mistill": 0.025}
+    for row, label in section["arms"].items():
+        for seed in ([0] if row.endswith("untrained") else [0, 1, 2]):
+            hd, m6 = arm_dirs(tmp_path, label, seed)
+            write_json(hd / "head_sets_contrast.json", {"n_layers": 4, "n_heads": 4, "phases": {}})
+            lead = 1 if row == "qwen_vanilla_bf16" else 0      # l0h3 leads one Qwen arm's loop-back, l1h3 the rest
+            for i, note in enumerate(notes):
+                value_p1 = 2.0 * recovery.get(row, [0.5] * 3)[i]
+                write_jsonl(m6 / note / "patch2.jsonl", [{"kind": "P1", "pos": 1, "margin_clean": 2.0,
+                                                         "margin_corr": 0.0, "margin_all": 2.0,
+                                                         "knockin": {"top": {str(k): value_p1}}}])
+                write_jsonl(m6 / note / "readside.jsonl",
+                            _readside_rows(heads, [0.3 if h == lead else 0.1 for h in range(3)]))
+            share = m3[row] + (0.01 * seed if row == "smollm_mistill" else 0.0)   # seeds 0.025, 0.035, 0.045
+            write_json(m6 / "faithfulness2.json", {"notes": notes, "bins": section["bins"], "phases": {}})
+            write_json(m6 / "readside.json", {"panels": {"P2C": {"top": heads}},
+                                              "phases": {"P2C": {"top": {"share_N": share}}}})
+    # M5: window distances per arm, and the teacher's on the shortlist traces
+    params["locus"]["shortlist_out_dir"] = str(tmp_path / "HD-002-locus")
+    for directory, distances in (("M5/student-qwen-untrained-s0", [8, 9, 7]),
+                                 ("M5/student-qwen-vanilla-fp32-s0", [7, 6, 8, 7]),
+                                 ("M5/student-qwen-mistill-bf16-s0", [7]), ("HD-002-locus", [9, 10, 8])):
+        mentions = [_mention(i, "window", d) for i, d in enumerate(distances)] + [_mention(9, "never", None)]
+        write_json(tmp_path / directory / "n0" / "locus.json", {"note_id": "n0", "mentions": mentions})
+    params["student_locus"]["out_dir"] = str(tmp_path / "M5")
+    # SmolLM3's task: untrained gets nothing right, fp32 Vanilla seed 0 one code of note n1
+    from tests.chain.test_readers import GOLD
+
+    write_arm(tmp_path, section["arms"]["smollm_untrained"], 0, {n: [] for n in GOLD})
+    write_arm(tmp_path, section["arms"]["smollm_vanilla_fp32"], 0, {n: (GOLD[n] if n == "n1" else []) for n in GOLD})
+    module = reader("R-D15")
+    values, _ = module.compute_values(params)
+    _assert_writes_what_it_lists(module, params, values)
+    assert set(REGISTRY.expected("paper").values["R-D15"]) <= set(values)
+    v = {key: x["value"] for key, x in values.items()}
+    assert v["untrained_qwen_own_p1_k40"] == pytest.approx(0.95)
+    assert v["untrained_smollm_own_p1_k40"] == pytest.approx(0.98)
+    assert v["teacher_own_p1_k40"] == 0.915
+    assert v["m5_locus_distance_untrained_vanilla_mistill"] == [8.0, 7.0, 7.0]
+    assert v["m5_window_share_untrained_vanilla_mistill"] == pytest.approx([75.0, 80.0, 50.0])
+    assert v["m5_locus_distance_teacher"] == 9.0
+    assert (v["smollm_m3_untrained"], v["smollm_m3_vanilla_s0"]) == (0.081, 0.058)
+    assert v["smollm_m3_mistill"] == pytest.approx(0.035)
+    # Qwen: untrained, vanilla fp32 s0-2, vanilla bf16 s0-2, mistill s0-2
+    assert v["qwen_m3_arms_read"] == 10 and v["qwen_m3_range_23_arms"] == [0.04, 0.08]
+    assert v["l24h21_top_loopback_arms"] == 7 and "l1h3, the most frequent" in values["l24h21_top_loopback_arms"][
+        "statistic"]
+    untrained_f1 = json.loads((tmp_path / "DT-eval" / f"{section['arms']['smollm_untrained']}-s0" / "task.json"
+                               ).read_text())["metrics"]["micro_f1"]
+    assert v["smollm_microf1_untrained_to_vanilla"][0] == untrained_f1 == 0.0
+    assert v["smollm_microf1_untrained_to_vanilla"][1] > 0
+
+
 def test_r_d16_writes_the_paper_keys_on_three_paper_shaped_reads(tmp_path):
     """The arm's chain, its gate and its second read, each with paper-sized bins and a 36 x 32 head ranking."""
     params = copy.deepcopy(PAPER_PARAMS)

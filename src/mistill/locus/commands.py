@@ -10,7 +10,8 @@
 Settings come from params `locus` (out_dir, suffix, theta, window, set sizes); the traces, events,
 means and emission sets from the `instrument` section's run (HD-001).  `--traces`, `--instrument-dir`
 and `--out-dir` run the same passes on another run (TR-007 and HD-002 -> locus.shortlist_out_dir);
-`probe --suffix-variant D` walks back under another forcing wording (params locus.suffix_rerun, R-C13).
+`probe --suffix-variant D` walks back under another forcing wording (params locus.suffix_rerun, R-C13);
+`probe --model <checkpoint> --student student_qwen` probes a student (M5, R-D15; params student_locus).
 """
 
 from __future__ import annotations
@@ -49,9 +50,23 @@ def _resumable(runner: str):
         from mistill.locus import passes
 
         cfg, settings, params = _settings(args)
+        if getattr(args, "model", None):
+            cfg, model, tokenizer = _student(args, cfg, params)
+            getattr(passes, runner)(cfg, settings, params, model=model, tokenizer=tokenizer, limit=args.limit,
+                                    force=args.force)
+            return 0
         getattr(passes, runner)(cfg, settings, params, limit=args.limit, force=args.force)
         return 0
     return command
+
+
+def _student(args, cfg, params):
+    """A student checkpoint in the teacher's place (M5, App. K): its weights name the run's config, and the
+    events it reads are the teacher's realised in its tokenizer (the own-heads chain's HD-S directory)."""
+    from mistill.evaluate.own_heads import load_student, weights_fingerprint
+
+    model, tokenizer = load_student(args.model, params, args.student)
+    return dataclasses.replace(cfg, teacher=f"student weights {weights_fingerprint(model)}"), model, tokenizer
 
 
 def _calibrate(args) -> int:
@@ -84,4 +99,9 @@ def register(commands: argparse._SubParsersAction) -> None:
         if name == "probe":
             p.add_argument("--suffix-variant", default=None,
                            help="another forcing wording, params locus.suffix_rerun.variants (R-C13's re-runs)")
+            p.add_argument("--model", default=None,
+                           help="a student checkpoint or id to probe instead of the teacher (M5; --instrument-dir: "
+                                "its own-heads HD-S directory, whose events are realised in its tokenizer)")
+            p.add_argument("--student", default=None,
+                           help="the student's params models key (student_qwen, student_smol): its loading settings")
         p.set_defaults(func=func)
