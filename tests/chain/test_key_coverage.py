@@ -419,6 +419,65 @@ def test_r_d15_readouts_by_hand(tmp_path):
     assert v["smollm_microf1_untrained_to_vanilla"][1] > 0
 
 
+def test_r_d25_no_window_against_mistill_and_vanilla_by_hand(tmp_path):
+    """The no-window variant (under distill.variants.dir) against Mistill and fp32 Vanilla CoT-KD at its seed:
+    recoveries, M2 lifts and micro-F1 set by hand; the paired differences against numpy and scipy."""
+    from scipy.stats import binomtest
+
+    from mistill.distill.runs import variant_label
+    from tests.chain.test_readers import GOLD, write_arm
+
+    params = copy.deepcopy(PAPER_PARAMS)
+    params["paths"] = {"artifacts": str(tmp_path), "results": str(tmp_path / "results")}
+    params["stats"]["bootstrap_resamples"] = 200
+    params["distill"]["variants"]["dir"] = str(tmp_path / "variants")
+    section, entry = params["evaluate"]["own_heads"], params["distill"]["variants"]["arms"]["nowindow"]
+    k, k8 = max(section["bins"]), min(section["bins"])
+    notes = [f"n{i}" for i in range(7)]
+    # per-note recovery (margin_all 2, margin_corr 0: a knock-in margin of 2r recovers r) at P1 and P2C, k and k8
+    rng = np.random.default_rng(6)
+    recovery = {arm: {(phase, kk): rng.uniform(0.3, 1.0, len(notes)) for phase in ("P1", "P2C") for kk in (k, k8)}
+                for arm in ("nowindow", "mistill", "vanilla")}
+    recovery["nowindow"][("P2C", k)] = recovery["mistill"][("P2C", k)] - np.linspace(0.001, 0.02, len(notes))
+    lifts = {arm: rng.uniform(1.0, 3.0, len(notes)) for arm in recovery}
+    where = {"nowindow": (tmp_path / "variants", variant_label("nowindow", entry)),
+             "mistill": (tmp_path, section["arms"]["qwen_mistill"]),
+             "vanilla": (tmp_path, section["arms"]["qwen_vanilla_fp32"])}
+    for arm, (root, label) in where.items():
+        m6 = arm_dirs(root, label, entry["seed"])[1]
+        for i, note in enumerate(notes):
+            write_jsonl(m6 / note / "patch2.jsonl", [
+                {"kind": phase, "pos": 1, "margin_clean": 2.0, "margin_corr": 0.0, "margin_all": 2.0,
+                 "knockin": {"top": {str(kk): 2.0 * recovery[arm][(phase, kk)][i] for kk in (k, k8)}}}
+                for phase in ("P1", "P2C")])
+        write_json(m6 / "faithfulness2.json", {"notes": notes, "bins": section["bins"]})
+        write_json(m6 / "readside.json", {"phases": {"P1": {"per_note": {"top": {
+            n: {"lift": float(x)} for n, x in zip(notes, lifts[arm])}}}}})
+    write_arm(tmp_path / "variants", variant_label("nowindow", entry), entry["seed"], {n: GOLD[n] for n in GOLD})
+    write_arm(tmp_path, section["arms"]["qwen_mistill"], entry["seed"], {n: (GOLD[n] if n == "n1" else []) for n in GOLD})
+    module = reader("R-D25")
+    values, _ = module.compute_values(params)
+    _assert_writes_what_it_lists(module, params, values)
+    assert set(REGISTRY.expected("paper").values["R-D25"]) <= set(values)
+    v = {key: x["value"] for key, x in values.items()}
+    assert v["nowindow_own_p1_k40"] == pytest.approx(np.median(recovery["nowindow"][("P1", k)]))
+    assert v["mistill_s0_own_p2c_k40"] == pytest.approx(np.median(recovery["mistill"][("P2C", k)]))
+    assert v["nowindow_minus_mistill_p2c"] == pytest.approx(-np.mean(np.linspace(0.001, 0.02, len(notes))))
+    low, high = v["nowindow_minus_mistill_p2c_interval"]
+    assert low <= v["nowindow_minus_mistill_p2c"] <= high < 0
+    sign_p = binomtest(len(notes), len(notes)).pvalue       # lower on every note
+    assert f"sign p {sign_p:.3g}" in values["nowindow_minus_mistill_p2c"]["statistic"]
+    assert v["nowindow_vs_vanilla_k8"] == pytest.approx(np.mean(recovery["nowindow"][("P2C", k8)]
+                                                                - recovery["vanilla"][("P2C", k8)]))
+    assert v["nowindow_m2_lift_p1"] == pytest.approx(np.median(lifts["nowindow"]))
+    assert v["mistill_s0_m2_lift_p1"] == pytest.approx(np.median(lifts["mistill"]))
+    assert v["nowindow_microf1"] == 1.0 and 0 < v["mistill_s0_microf1"] < 1.0
+    # the variant must be read at its own seed
+    params["distill"]["variants"]["arms"]["nowindow"]["seed"] = 1
+    with pytest.raises(UserError, match="-s1"):
+        module.compute_values(params)
+
+
 def test_r_d16_writes_the_paper_keys_on_three_paper_shaped_reads(tmp_path):
     """The arm's chain, its gate and its second read, each with paper-sized bins and a 36 x 32 head ranking."""
     params = copy.deepcopy(PAPER_PARAMS)

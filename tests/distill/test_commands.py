@@ -21,11 +21,11 @@ def _save_model(path, tok, seed, layers):
     tok.save(path)
 
 
-def _head_sets(path, n_layers, n_heads):
-    rng = np.random.default_rng(0)
+def _head_sets(path, n_layers, n_heads, phases=("P1", "P2", "P2C"), seed=0):
+    rng = np.random.default_rng(seed)
     phases = {p: [{"layer": int(i // n_heads), "head": int(i % n_heads), "ic": float(v), "weight": None}
                   for i, v in zip(rng.permutation(n_layers * n_heads), np.linspace(1, -1, n_layers * n_heads))]
-              for p in ("P1", "P2", "P2C", "prose")}
+              for p in phases}
     write_json(path, {"n_layers": n_layers, "n_heads": n_heads, "phases": phases, "tau": {}, "provenance": {}})
 
 
@@ -43,11 +43,13 @@ def project(tmp_path, monkeypatch, note_prompt, completion, events):
     for n in ("a", "b"):
         write_jsonl(tmp_path / "events" / n / "events.jsonl", events)
     _head_sets(tmp_path / "t_sets.json", 2, 4)
+    _head_sets(tmp_path / "locus_sets.json", 2, 4, phases=("prose", "suffix"), seed=5)   # the locus pass's file
     _head_sets(tmp_path / "s_sets.json", 2, 4)
     params = {"profile": "demo", "demo": {
         "models": {"teacher": str(tmp_path / "teacher"), "student_qwen": str(tmp_path / "student")},
         "distill": {"traces": "traces.jsonl", "train_notes": "train.jsonl", "events_dir": "events",
-                    "teacher_head_sets": "t_sets.json", "student_head_sets": {"student_qwen": "s_sets.json"},
+                    "teacher_head_sets": "t_sets.json", "teacher_prose_sets": "locus_sets.json",
+                    "student_head_sets": {"student_qwen": "s_sets.json"},
                     "targets_dir": "targets", "runs_dir": "runs", "pool_k": {"teacher": 3, "student": 3},
                     "window": 8, "topk": 8, "lambda_p1": 0.1, "lambda_p2": 0.1, "terms": ["attn", "inter"],
                     "write_norm": False, "heads": "top", "pool_seed": 0,
@@ -81,6 +83,48 @@ def test_targets_train_and_evaluate(project, capsys):
     assert main(["evaluate", "m1", "--model", str(run / "model"), "--threads", "1", "--out", "m1.json"]) == 0
     m1 = json.loads((project / "m1.json").read_text())["m1"]
     assert m1["P1"]["events"] == 4 and 0.0 <= m1["P2C"]["p_margin_positive"] <= 1.0
+
+
+def test_window_rows_are_pooled_over_the_locus_pass_prose_ranking(project, capsys):
+    """The window rows' teacher pool is the top-k of the prose ranking in distill.teacher_prose_sets (the
+    locus pass's file), not anything in the emission head sets; without that file a window is refused."""
+    assert main(["distill", "targets"]) == 0
+    manifest = json.loads((project / "targets" / "manifest.json").read_text())
+    prose = json.loads((project / "locus_sets.json").read_text())["phases"]["prose"][:3]
+    assert manifest["prose_pool"]["heads"] == [[r["layer"], r["head"]] for r in prose]
+    assert manifest["window"] == 8
+    (project / "locus_sets.json").unlink()
+    assert main(["distill", "targets", "--out", "targets2"]) == 2
+    assert "no prose-time head sets" in capsys.readouterr().err
+
+
+def test_a_recipe_variant_trains_its_switches_under_the_variants_directory(project):
+    """`--variant nowindow` takes student, seed, precision and window from params distill.variants.arms and
+    writes its run where mistill.distill.runs.variant_run_dir says; the main runs' directory stays empty."""
+    params = yaml.safe_load((project / "params.yaml").read_text())
+    params["demo"]["distill"]["variants"] = {"dir": "variants", "arms": {
+        "nowindow": {"student": "qwen", "seed": 3, "precision": "bf16", "window": 0}}}
+    (project / "params.yaml").write_text(yaml.safe_dump(params))
+    assert main(["distill", "targets"]) == 0
+    assert main(["distill", "train", "--arm", "mistill", "--variant", "nowindow"]) == 0
+    run = project / "variants" / "DT-001" / "student-qwen-nowindow-bf16-s3"
+    cfg = json.loads((run / "config.json").read_text())
+    assert cfg["arm"]["window"] == 0 and cfg["train"]["seed"] == 3 and cfg["train"]["precision"] == "bf16"
+    assert not (project / "runs").exists()
+
+
+@pytest.mark.parametrize("entry, message", [
+    ({"student": "qwen", "seed": 0, "precision": "bf16", "windw": 0}, "unknown switches windw"),
+    ({"student": "qwen", "precision": "bf16"}, "missing seed"),
+])
+def test_a_malformed_variant_is_refused_by_name(project, capsys, entry, message):
+    params = yaml.safe_load((project / "params.yaml").read_text())
+    params["demo"]["distill"]["variants"] = {"dir": "variants", "arms": {"v": entry}}
+    (project / "params.yaml").write_text(yaml.safe_dump(params))
+    assert main(["distill", "train", "--arm", "mistill", "--variant", "v"]) == 2
+    assert message in capsys.readouterr().err
+    assert main(["distill", "train", "--arm", "mistill", "--variant", "other"]) == 2
+    assert "unknown recipe variant 'other'" in capsys.readouterr().err
 
 
 def test_targets_from_another_teacher_are_refused(project, capsys):

@@ -23,14 +23,14 @@ TABLE_IDS = {"table1": ["R-C3"],
              "table6": ["R-C1"], "table7": ["R-C1"], "table8": ["R-C2"], "table10": ["R-C3"], "table11": ["R-C4"],
              "table13": ["R-C4"], "table14": ["R-C3"], "table25": ["R-C13"],
              "table26": ["R-C6"], "table27": ["R-C6"], "table29": ["R-C6"], "table30": ["R-C6"], "table32": ["R-C6"],
-             "table33": ["R-C6"], "table31": ["R-C12"], "table4": ["R-C14"],
+             "table33": ["R-C6"], "table31": ["R-C12"], "table4": ["R-C14"], "table51": ["R-D25", "R-D5"],
              "table45": ["R-D1", "R-D2", "R-D5", "R-D6", "R-D12", "R-D15", "R-D17", "R-D18", "R-D30"],
              "table46": ["R-D1", "R-D2", "R-D3", "R-D4", "R-D5", "R-D17"]}
 # Tables whose every cell this file's fixture fills (the others have their own tests: tests/repro/test_tables_*.py)
 FILLED = ["table1", "table2", "table3", "table43", "table44", "tableA_ksweep", "table9", "table15", "table35",
           "table38", "table16", "table17", "table18", "table19", "table20", "table21", "table22", "table23",
           "table5", "table24", "table54", "table55", "table10", "table14", "table25", "table26", "table27", "table29",
-          "table30", "table31", "table32", "table33", "table4"]
+          "table30", "table31", "table32", "table33", "table4", "table51"]
 # App. A's K sweep was lost in the extraction: no expected values, so the fixture writes its own
 K_SWEEP = {"k_sweep_k": [200, 1000], "k_sweep_completed_recall_validation": [0.81, 0.903],
            "k_sweep_completed_recall_test": [0.85, 0.936], "k_sweep_completed_recall_corpus": [0.84, 0.939],
@@ -74,6 +74,11 @@ def results(registry, tmp_path):
                "knockin_hd001_same_notes_p1_p2c": [0.82, 0.63], "hd001_same_notes_beat_random_p1_p2c": [30, 28]}
     write_fixture(d, "R-C14", {**paper_values(registry, "R-C14"),
                                **{k: {"value": x, "statistic": "count", "artifact": "fixture"} for k, x in control.items()}})
+    # Table 51's Mistill row: its M2 lift at P1 and micro-F1 are the reader's own keys (the paper quotes them in prose)
+    reference = {"mistill_s0_m2_lift_p1": 2.26, "mistill_s0_microf1": 0.151,
+                 "nowindow_minus_mistill_p2c_interval": [-0.01, -0.006]}
+    write_fixture(d, "R-D25", {**paper_values(registry, "R-D25"),
+                               **{k: {"value": x, "statistic": "share", "artifact": "fixture"} for k, x in reference.items()}})
     # Table 38's Qwen3-4B row and the students' second denominator are the reader's own keys
     qwen = {"qwen_event_coverage_p1": 100.0, "qwen_event_coverage_p2": 61.0, "qwen_event_coverage_p2c": 80.0,
             "qwen_realized_events": 47000, "qwen_per_note_coverage_median": 0.8,

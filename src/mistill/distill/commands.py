@@ -32,6 +32,18 @@ def _train_ids(path: Path) -> set[str]:
     return {n.note_id for n in load_notes(path)}
 
 
+def prose_pool(cfg: dict, k: int, path: str | None = None):
+    """The teacher's prose-time pool for the window rows (App. I.1): the top-k of the prose ranking that
+    the locus pass on the shortlist run writes (App. F pass B; params distill.teacher_prose_sets)."""
+    from mistill.distill import pools as pl
+
+    path = Path(path or cfg.get("teacher_prose_sets") or "")
+    if not path.is_file():
+        raise UserError(f"{path}: no prose-time head sets, which a window of {cfg['window']} rows needs "
+                        "(run `dvc repro HD-002-locus`, or set distill.window to 0)")
+    return pl.build_pool(pl.load_head_sets(path), "prose", k, source=str(path))
+
+
 def cmd_targets(args) -> int:
     import torch
 
@@ -52,7 +64,7 @@ def cmd_targets(args) -> int:
     head_sets = pl.load_head_sets(args.head_sets or cfg["teacher_head_sets"])
     k = int(cfg["pool_k"]["teacher"])
     pools = pl.build_pools(head_sets, k, source="teacher head sets")
-    prose = pl.build_pool(head_sets, "prose", k, source="teacher head sets") if cfg["window"] > 0 else None
+    prose = prose_pool(cfg, k, args.prose_sets) if int(cfg["window"]) > 0 else None
     traces = _load_traces(Path(args.traces or cfg["traces"]), _train_ids(Path(args.notes or cfg["train_notes"])))
     if not traces:
         raise UserError("no teacher traces for the training notes")
@@ -92,6 +104,23 @@ def run_identity(student_spec, teacher_spec, targets_dir: Path, manifest: dict) 
             "targets": str(targets_dir)}
 
 
+def apply_variant(args, distill: dict) -> Path:
+    """Set `args` from the variant entry `args.variant` (params distill.variants.arms): its student, seed,
+    precision and switches, which options given on the command line override; return its run directory."""
+    from mistill.distill.runs import variant, variant_run_dir
+
+    if args.arm != "mistill":
+        raise UserError("--variant names a variant of the Mistill recipe; use it with --arm mistill")
+    entry = variant(distill, args.variant)
+    args.student = f"student_{entry['student']}" if args.student is None else args.student
+    for name in ("seed", "precision", "window", "lambda_p1", "lambda_p2", "heads", "k", "pool_seed"):
+        if getattr(args, name) is None and name in entry:
+            setattr(args, name, entry[name])
+    if args.terms is None and "terms" in entry:
+        args.terms = ",".join(entry["terms"])
+    return variant_run_dir(distill["variants"]["dir"], args.variant, entry)
+
+
 def cmd_train(args) -> int:
     import torch
 
@@ -107,7 +136,10 @@ def cmd_train(args) -> int:
     params = _params()
     cfg = params["distill"]
     set_threads(params["models"])
-    student_key = args.student
+    out = Path(args.out) if args.out else None
+    if args.variant:
+        out = out or apply_variant(args, cfg)
+    student_key = args.student or "student_qwen"
     student_spec = params["models"].get(student_key, student_key)
     precision = args.precision or cfg["precision"][args.arm]
     seed = int(args.seed if args.seed is not None else cfg["seeds"][0])
@@ -142,7 +174,7 @@ def cmd_train(args) -> int:
         meta, arrays = read_note_targets(targets_dir / f"{note_id}.npz")
         notes.append(arms.prepare_note(meta, arrays, student_tok, teacher_tok, arm))
     train_cfg = train_config(cfg["train"], precision, seed, lr=args.lr)
-    out = Path(args.out) if args.out else run_dir(cfg["runs_dir"], student_key, args.arm, precision, seed)
+    out = out or run_dir(cfg["runs_dir"], student_key, args.arm, precision, seed)
     run_config = {**run_identity(student_spec, teacher_spec, targets_dir, manifest),
                   "pools": {p: v.as_dict() for p, v in (pools or {}).items()},
                   "provenance": provenance({"distill": cfg}, seed=seed)}
@@ -195,6 +227,8 @@ def register(subparsers) -> None:
     p.add_argument("--notes", help="training notes jsonl (default: params distill.train_notes)")
     p.add_argument("--events-dir", help="<note_id>/events.jsonl directory (default: params distill.events_dir)")
     p.add_argument("--head-sets", help="teacher head_sets_contrast.json (default: params distill.teacher_head_sets)")
+    p.add_argument("--prose-sets", help="teacher head_sets_locus.json, whose prose ranking pools the window rows "
+                                        "(default: params distill.teacher_prose_sets)")
     p.add_argument("--out", help="targets directory (default: params distill.targets_dir)")
     p.set_defaults(func=cmd_targets)
 
@@ -206,7 +240,7 @@ def register(subparsers) -> None:
 
     p = subparsers.add_parser("train", help="train one arm: Vanilla CoT-KD or Mistill (App. J.2)")
     p.add_argument("--arm", choices=("vanilla", "mistill"), required=True)
-    p.add_argument("--student", default="student_qwen", help="params models key or a model spec")
+    p.add_argument("--student", help="params models key or a model spec (default: student_qwen)")
     p.add_argument("--teacher", help="teacher spec whose targets these are (default: params models.teacher)")
     p.add_argument("--targets", help="targets directory (default: params distill.targets_dir)")
     p.add_argument("--head-sets", help="the student's head_sets_contrast.json (mistill)")
@@ -222,6 +256,8 @@ def register(subparsers) -> None:
     p.add_argument("--k", type=int, help="pool size (default: params distill.pool_k.student)")
     p.add_argument("--lr", type=float)
     p.add_argument("--max-steps", type=int, help="stop after this many optimiser steps (resumable)")
+    p.add_argument("--variant", help="a variant of the Mistill recipe (params distill.variants.arms): its student, "
+                                     "seed, precision and switches; run under distill.variants.dir")
     p.add_argument("--out", help="run directory (default: <runs_dir>/DT-00x/student-<label>-<arm>-<precision>-s<seed>)")
     p.set_defaults(func=cmd_train)
 

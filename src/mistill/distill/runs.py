@@ -5,6 +5,13 @@
 `label` is the student's params key without its `student_` prefix (`student_qwen` -> `qwen`), never
 the model's id or directory, so a run is named the same whichever checkpoint the profile loads.
 The campaign is the paper's artifact name: DT-001 for Mistill, DT-000 for the baselines.
+
+A variant of the Mistill recipe (params `distill.variants.arms`: the no-window arm of R-D25, ...)
+is named like an arm, by its entry's name, under the variants' own directory:
+
+    <variants.dir>/DT-001/student-<label>-<variant>-<precision>-s<seed>
+
+so a result that reads the main arms' directories whole never waits on a variant.
 """
 
 from __future__ import annotations
@@ -12,6 +19,10 @@ from __future__ import annotations
 from pathlib import Path
 
 from mistill.errors import UserError
+
+# what a variant may change of the recipe: `mistill distill train` options of the same names
+VARIANT_SWITCHES = ("window", "lambda_p1", "lambda_p2", "terms", "heads", "k", "pool_seed")
+VARIANT_IDENTITY = ("student", "seed", "precision")
 
 
 def student_label(student_key: str) -> str:
@@ -30,3 +41,30 @@ def run_name(student_key: str, arm: str, precision: str, seed: int) -> str:
 
 def run_dir(runs_dir: str | Path, student_key: str, arm: str, precision: str, seed: int) -> Path:
     return Path(runs_dir) / campaign(arm) / run_name(student_key, arm, precision, seed)
+
+
+def variant(distill: dict, name: str) -> dict:
+    """One entry of params `distill.variants.arms`, checked: its student, seed and precision (which name
+    its run) and the recipe switches it changes."""
+    arms = ((distill.get("variants") or {}).get("arms")) or {}
+    if name not in arms:
+        raise UserError(f"unknown recipe variant {name!r}; params distill.variants.arms names "
+                        f"{', '.join(sorted(arms)) or 'none'}")
+    entry = dict(arms[name])
+    missing = [k for k in VARIANT_IDENTITY if k not in entry]
+    unknown = sorted(set(entry) - set(VARIANT_IDENTITY) - set(VARIANT_SWITCHES))
+    if missing or unknown:
+        raise UserError(f"params distill.variants.arms.{name}: "
+                        + "; ".join([f"missing {', '.join(missing)}"] * bool(missing)
+                                    + [f"unknown switches {', '.join(unknown)} (known: "
+                                       f"{', '.join(VARIANT_SWITCHES)})"] * bool(unknown)))
+    return entry
+
+
+def variant_label(name: str, entry: dict) -> str:
+    """The variant's arm label (its run, evaluation and own-heads directories without the seed)."""
+    return f"student-{entry['student']}-{name}-{entry['precision']}"
+
+
+def variant_run_dir(variants_dir: str | Path, name: str, entry: dict) -> Path:
+    return Path(variants_dir) / "DT-001" / f"{variant_label(name, entry)}-s{int(entry['seed'])}"
