@@ -43,6 +43,7 @@ def test_replicate_params_override_the_active_profile_and_keep_the_alias(tmp_pat
     active = load_params(path)
     assert active["profile"] == "demo"
     assert active["models"]["threads"] == 1 and active["distill"]["seeds"] == [3]
+    assert {entry["seed"] for entry in active["distill"]["variants"]["arms"].values()} == {3}
     loaded = load_all(path)
     assert loaded["profile"] is loaded["demo"]                  # written as an anchor and its alias
 

@@ -149,6 +149,9 @@ def replicate_params(data: dict[str, Any], rep: Replicate) -> dict[str, Any]:
         active["models"]["threads"] = rep.threads
     if rep.train_seed is not None:
         active["distill"]["seeds"] = [rep.train_seed]
+        # a recipe variant is read beside Mistill at its own seed (R-D25), so it moves with the arms
+        for entry in ((active["distill"].get("variants") or {}).get("arms") or {}).values():
+            entry["seed"] = rep.train_seed
     return data
 
 
