@@ -419,6 +419,65 @@ def test_r_d15_readouts_by_hand(tmp_path):
     assert v["smollm_microf1_untrained_to_vanilla"][1] > 0
 
 
+def _own_heads_by_hand(where: dict, seed: int, notes: list[str], recovery: dict, lifts: dict, bins: list[int],
+                       lift_phase: str) -> None:
+    """M6 directories whose per-note recoveries (margin_all 2, margin_corr 0: a knock-in margin of 2r recovers r)
+    and M2 lifts at `lift_phase` are the given ones."""
+    for arm, (root, label) in where.items():
+        m6 = arm_dirs(root, label, seed)[1]
+        for i, note in enumerate(notes):
+            write_jsonl(m6 / note / "patch2.jsonl", [
+                {"kind": phase, "pos": 1, "margin_clean": 2.0, "margin_corr": 0.0, "margin_all": 2.0,
+                 "knockin": {"top": {str(kk): 2.0 * recovery[arm][(ph, kk)][i] for ph, kk in recovery[arm]
+                                     if ph == phase}}}
+                for phase in sorted({ph for ph, _ in recovery[arm]})])
+        write_json(m6 / "faithfulness2.json", {"notes": notes, "bins": bins})
+        write_json(m6 / "readside.json", {"phases": {lift_phase: {"per_note": {"top": {
+            n: {"lift": float(x)} for n, x in zip(notes, lifts[arm])}}}}})
+
+
+def test_r_d24_uniform_attention_against_mistill_by_hand(tmp_path):
+    """The uniform-attention variant against Mistill at its seed: recoveries, lifts, generations and M1 set by
+    hand; the λ is the one its run config recorded."""
+    from mistill.distill.runs import variant_label, variant_run_dir
+    from tests.chain.test_readers import GOLD, write_arm
+
+    params = copy.deepcopy(PAPER_PARAMS)
+    params["paths"] = {"artifacts": str(tmp_path), "results": str(tmp_path / "results")}
+    params["stats"]["bootstrap_resamples"] = 200
+    params["distill"]["variants"]["dir"] = str(tmp_path / "variants")
+    section, entry = params["evaluate"]["own_heads"], params["distill"]["variants"]["arms"]["uniform"]
+    k, k8, notes = max(section["bins"]), min(section["bins"]), [f"n{i}" for i in range(6)]
+    rng = np.random.default_rng(8)
+    recovery = {arm: {("P2C", kk): rng.uniform(0.3, 1.0, len(notes)) for kk in (k, k8)}
+                for arm in ("uniform", "mistill")}
+    recovery["uniform"][("P2C", k)] = recovery["mistill"][("P2C", k)] + np.array([0.05, 0.04, 0.03, 0.02, 0.01, -0.01])
+    lifts = {arm: rng.uniform(1.0, 4.0, len(notes)) for arm in recovery}
+    label = variant_label("uniform", entry)
+    _own_heads_by_hand({"uniform": (tmp_path / "variants", label), "mistill": (tmp_path, section["arms"]["qwen_mistill"])},
+                       entry["seed"], notes, recovery, lifts, section["bins"], "P2C")
+    m1 = {kind: {"pooled": share, "per_note": {}} for kind, share in (("P1", 0.9), ("P2", 0.7), ("P2C", 0.766))}
+    write_arm(tmp_path / "variants", label, entry["seed"], {"n1": GOLD["n1"], "n2": None, "n3": None, "n4": GOLD["n4"]}, m1)
+    write_arm(tmp_path, section["arms"]["qwen_mistill"], entry["seed"], {n: GOLD[n] for n in GOLD},
+              {kind: {**cell, "pooled": 0.802} for kind, cell in m1.items()})
+    run = variant_run_dir(params["distill"]["variants"]["dir"], "uniform", entry)
+    write_json(run / "config.json", {"arm": {"lambda_p1": 0.135, "lambda_p2": 0.135}, "dose": {"lambda": 0.135}})
+    module = reader("R-D24")
+    values, _ = module.compute_values(params)
+    _assert_writes_what_it_lists(module, params, values)
+    assert set(REGISTRY.expected("paper").values["R-D24"]) <= set(values)
+    v = {key: x["value"] for key, x in values.items()}
+    assert v["uniform_own_p2c_k40"] == pytest.approx(np.median(recovery["uniform"][("P2C", k)]))
+    assert v["uniform_own_p2c_k8"] == pytest.approx(np.median(recovery["uniform"][("P2C", k8)]))
+    assert v["uniform_vs_mistill_s0_p2c"] == pytest.approx(0.14 / 6)       # mean of the six per-note differences
+    assert "5 higher / 1 lower of 6" in values["uniform_vs_mistill_s0_p2c"]["statistic"]
+    assert v["uniform_m2_lift"] == pytest.approx(np.median(lifts["uniform"]))
+    assert v["mistill_s0_m2_lift_p2c"] == pytest.approx(np.median(lifts["mistill"]))
+    assert (v["uniform_cap_rate"], v["mistill_s0_cap_rate"]) == (0.5, 0.0)   # two of four generations hit the cap
+    assert (v["uniform_m1_p2c"], v["mistill_s0_m1_p2c"]) == (0.766, 0.802)
+    assert v["uniform_lambda"] == 0.135 and v["mistill_s0_microf1"] == 1.0 and 0 < v["uniform_microf1"] < 1
+
+
 def test_r_d25_no_window_against_mistill_and_vanilla_by_hand(tmp_path):
     """The no-window variant (under distill.variants.dir) against Mistill and fp32 Vanilla CoT-KD at its seed:
     recoveries, M2 lifts and micro-F1 set by hand; the paired differences against numpy and scipy."""
@@ -443,16 +502,7 @@ def test_r_d25_no_window_against_mistill_and_vanilla_by_hand(tmp_path):
     where = {"nowindow": (tmp_path / "variants", variant_label("nowindow", entry)),
              "mistill": (tmp_path, section["arms"]["qwen_mistill"]),
              "vanilla": (tmp_path, section["arms"]["qwen_vanilla_fp32"])}
-    for arm, (root, label) in where.items():
-        m6 = arm_dirs(root, label, entry["seed"])[1]
-        for i, note in enumerate(notes):
-            write_jsonl(m6 / note / "patch2.jsonl", [
-                {"kind": phase, "pos": 1, "margin_clean": 2.0, "margin_corr": 0.0, "margin_all": 2.0,
-                 "knockin": {"top": {str(kk): 2.0 * recovery[arm][(phase, kk)][i] for kk in (k, k8)}}}
-                for phase in ("P1", "P2C")])
-        write_json(m6 / "faithfulness2.json", {"notes": notes, "bins": section["bins"]})
-        write_json(m6 / "readside.json", {"phases": {"P1": {"per_note": {"top": {
-            n: {"lift": float(x)} for n, x in zip(notes, lifts[arm])}}}}})
+    _own_heads_by_hand(where, entry["seed"], notes, recovery, lifts, section["bins"], "P1")
     write_arm(tmp_path / "variants", variant_label("nowindow", entry), entry["seed"], {n: GOLD[n] for n in GOLD})
     write_arm(tmp_path, section["arms"]["qwen_mistill"], entry["seed"], {n: (GOLD[n] if n == "n1" else []) for n in GOLD})
     module = reader("R-D25")

@@ -113,6 +113,33 @@ def test_a_recipe_variant_trains_its_switches_under_the_variants_directory(proje
     assert not (project / "runs").exists()
 
 
+def test_a_dose_matched_variant_starts_with_mistills_extra_loss(project):
+    """`dose: match` (App. M.1): a variant equal to Mistill gets Mistill's own λ back; the uniform-heads,
+    attention-only variant gets the λ at which its first step adds exactly Mistill's first-step extra loss."""
+    from mistill.distill.dose import first_step_extra
+
+    params = yaml.safe_load((project / "params.yaml").read_text())
+    params["demo"]["distill"]["variants"] = {"dir": "variants", "arms": {
+        "same": {"student": "qwen", "seed": 0, "precision": "bf16", "dose": "match"},
+        "uniform": {"student": "qwen", "seed": 0, "precision": "bf16", "heads": "uniform", "terms": ["attn"],
+                    "dose": "match"}}}
+    (project / "params.yaml").write_text(yaml.safe_dump(params))
+    assert main(["distill", "targets"]) == 0
+    assert main(["distill", "train", "--arm", "mistill", "--variant", "same"]) == 2   # no Mistill run yet
+    assert main(["distill", "train", "--arm", "mistill"]) == 0
+    mistill_extra = first_step_extra(project / "runs" / "DT-001" / "student-qwen-mistill-bf16-s0" / "metrics.jsonl")
+    for name in ("same", "uniform"):
+        assert main(["distill", "train", "--arm", "mistill", "--variant", name]) == 0
+    run = project / "variants" / "DT-001"
+    same = json.loads((run / "student-qwen-same-bf16-s0" / "config.json").read_text())
+    assert same["arm"]["lambda_p1"] == same["arm"]["lambda_p2"] == pytest.approx(0.1, rel=1e-12)
+    uniform = json.loads((run / "student-qwen-uniform-bf16-s0" / "config.json").read_text())
+    assert uniform["dose"]["reference_extra"] == mistill_extra
+    assert uniform["arm"]["lambda_p1"] != pytest.approx(0.1)
+    assert first_step_extra(run / "student-qwen-uniform-bf16-s0" / "metrics.jsonl") == pytest.approx(mistill_extra,
+                                                                                                    rel=1e-9)
+
+
 @pytest.mark.parametrize("entry, message", [
     ({"student": "qwen", "seed": 0, "precision": "bf16", "windw": 0}, "unknown switches windw"),
     ({"student": "qwen", "precision": "bf16"}, "missing seed"),

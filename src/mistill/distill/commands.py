@@ -113,7 +113,7 @@ def apply_variant(args, distill: dict) -> Path:
         raise UserError("--variant names a variant of the Mistill recipe; use it with --arm mistill")
     entry = variant(distill, args.variant)
     args.student = f"student_{entry['student']}" if args.student is None else args.student
-    for name in ("seed", "precision", "window", "lambda_p1", "lambda_p2", "heads", "k", "pool_seed"):
+    for name in ("seed", "precision", "window", "lambda_p1", "lambda_p2", "dose", "heads", "k", "pool_seed"):
         if getattr(args, name) is None and name in entry:
             setattr(args, name, entry[name])
     if args.terms is None and "terms" in entry:
@@ -155,6 +155,8 @@ def cmd_train(args) -> int:
                                                             dtype=precision_dtype(precision),
                                                             attn_implementation="sdpa"),
                                      device=resolve_device(params["models"].get("device")))
+    if args.dose == "match" and (args.arm != "mistill" or args.lambda_p1 is not None or args.lambda_p2 is not None):
+        raise UserError("--dose match sets lambda_p1 and lambda_p2 of a Mistill run itself; give neither")
     terms = tuple(t.strip() for t in (args.terms or ",".join(cfg["terms"])).split(",") if t.strip())
     arm = arms.ArmConfig(arm=args.arm, lambda_p1=float(args.lambda_p1 if args.lambda_p1 is not None else cfg["lambda_p1"]),
                          lambda_p2=float(args.lambda_p2 if args.lambda_p2 is not None else cfg["lambda_p2"]),
@@ -178,8 +180,16 @@ def cmd_train(args) -> int:
     run_config = {**run_identity(student_spec, teacher_spec, targets_dir, manifest),
                   "pools": {p: v.as_dict() for p, v in (pools or {}).items()},
                   "provenance": provenance({"distill": cfg}, seed=seed)}
-    rows = Trainer(student, notes, arm, train_cfg, out, pools=pools, run_config=run_config,
-                   restart_if_different=True).run(max_steps=args.max_steps)
+    trainer = Trainer(student, notes, arm, train_cfg, out, pools=pools, run_config=run_config,
+                      restart_if_different=True)
+    if args.dose == "match":
+        from mistill.distill.dose import first_step_extra, match_dose
+
+        # Mistill at the same student, precision and seed: the same first batch (App. M.1)
+        reference = run_dir(cfg["runs_dir"], student_key, "mistill", precision, seed)
+        lam = match_dose(trainer, first_step_extra(reference / "metrics.jsonl"))
+        print(f"dose matched to {reference.name}'s first step: lambda_p1 = lambda_p2 = {lam:.4g}")
+    rows = trainer.run(max_steps=args.max_steps)
     if hasattr(student_tok, "save") and (out / "model").exists():
         student_tok.save(out / "model")
     print(f"{args.arm}: {len(rows)} optimiser steps -> {out}")
@@ -251,6 +261,8 @@ def register(subparsers) -> None:
     p.add_argument("--terms", help="comma list of attn,inter,write (default: params distill.terms)")
     p.add_argument("--write-norm", action="store_true", help="z-score c per note in the write term (App. I.2)")
     p.add_argument("--window", type=int, help="W rows before each P1 event; 0 = the no-window arm")
+    p.add_argument("--dose", choices=("match",), help="match: lambda_p1 = lambda_p2 chosen so that the first step's "
+                                                      "extra loss equals Mistill's (mistill.distill.dose)")
     p.add_argument("--heads", choices=("top", "bottom", "random", "uniform"))
     p.add_argument("--pool-seed", type=int)
     p.add_argument("--k", type=int, help="pool size (default: params distill.pool_k.student)")

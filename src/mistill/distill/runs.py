@@ -21,7 +21,7 @@ from pathlib import Path
 from mistill.errors import UserError
 
 # what a variant may change of the recipe: `mistill distill train` options of the same names
-VARIANT_SWITCHES = ("window", "lambda_p1", "lambda_p2", "terms", "heads", "k", "pool_seed")
+VARIANT_SWITCHES = ("window", "lambda_p1", "lambda_p2", "dose", "terms", "heads", "k", "pool_seed")
 VARIANT_IDENTITY = ("student", "seed", "precision")
 
 

@@ -269,6 +269,21 @@ class Trainer:
         """One note's loss and its log under this trainer's arm."""
         return note_loss(self.model, batch, self.arm, self.pools, self.rows_hook)
 
+    def autocast(self):
+        """fp32 master weights compute under bf16 autocast; a bf16 run's weights are bf16 already (App. J.2)."""
+        return torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=self.cfg.precision == "fp32")
+
+    @torch.no_grad()
+    def first_batch_logs(self) -> list[dict]:
+        """Each note's loss log on the first optimiser step's batch, before any update (dose matching)."""
+        indices = epoch_order(len(self.notes), self.cfg.seed, 0)[:self.cfg.batch]
+        autocast = self.autocast()
+        logs = []
+        for i in indices:
+            with autocast:
+                logs.append(self.note_loss(self.notes[i])[1])
+        return logs
+
     def _batches(self):
         for step in range(self.step, self.total_steps):
             epoch, within = divmod(step, self.steps_per_epoch)
@@ -281,7 +296,7 @@ class Trainer:
             torch.cuda.reset_peak_memory_stats(self.device)
         self.opt.zero_grad(set_to_none=True)
         logs = []
-        autocast = torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=self.cfg.precision == "fp32")
+        autocast = self.autocast()
         for i in indices:
             with autocast:
                 loss, log = self.note_loss(self.notes[i])

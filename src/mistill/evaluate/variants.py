@@ -1,0 +1,137 @@
+"""A recipe variant read beside the main arms at its own seed (App. M, Table 51; readers R-D24, R-D25).
+
+A variant (params `distill.variants.arms.<name>`) is trained, evaluated and read by the own-heads chain
+under `distill.variants.dir`; the main arms it is compared with (Mistill and fp32 Vanilla CoT-KD of the
+same student) live under the artifacts root with the labels of `evaluate.own_heads.arms`.  Everything is
+read at the variant's seed, so a comparison is seed-matched by construction.
+
+`VariantReadout` gives the cells Table 51's rows share: the own top-k knock-in recovery per phase (median
+over test notes), the paired per-note difference against a main arm, the M2 region lift, corpus micro-F1,
+the share of generations that reach the token cap, M1 at a phase, and the run's recorded λ.
+"""
+
+from __future__ import annotations
+
+import statistics
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from mistill.distill.runs import variant, variant_label, variant_run_dir
+from mistill.errors import UserError
+from mistill.evaluate.compare import arm_values, clustered, seed_dirs, seed_medians
+from mistill.evaluate.own_heads import OwnHeadsConfig
+from mistill.evaluate.readout import ArmSeed, arm_labels, eval_root, load_arm
+from mistill.io import read_json
+from mistill.stats import StatsParams
+
+FAMILY = {"qwen": "qwen", "smol": "smollm"}   # params students -> the Table 2/3 row prefixes
+REFERENCES = {"mistill": "mistill", "vanilla": "vanilla_fp32"}   # what a variant is compared with
+
+
+@dataclass
+class VariantReadout:
+    """The variant `name` and its references (Mistill, fp32 Vanilla CoT-KD) at the variant's seed."""
+
+    name: str
+    params: dict
+    entry: dict = field(init=False)
+    seed: int = field(init=False)
+    arms: dict[str, tuple[Path, str]] = field(init=False)   # "variant" | reference -> (artifacts root, label)
+    cfg: OwnHeadsConfig = field(init=False)
+    stats: StatsParams = field(init=False)
+    inputs: list[Path] = field(init=False, default_factory=list)
+
+    def __post_init__(self):
+        distill = self.params["distill"]
+        self.entry = variant(distill, self.name)
+        self.seed = int(self.entry["seed"])
+        family = FAMILY.get(self.entry["student"])
+        labels = arm_labels(self.params)
+        rows = {ref: f"{family}_{row}" for ref, row in REFERENCES.items()}
+        missing = [row for row in rows.values() if row not in labels]
+        if family is None or missing:
+            raise UserError(f"params distill.variants.arms.{self.name}: student {self.entry['student']!r} has no "
+                            f"{', '.join(missing) or 'Table 3'} row in evaluate.own_heads.arms")
+        self.cfg = OwnHeadsConfig.from_params(self.params)
+        self.stats = StatsParams.from_params(self.params)
+        root = Path(self.cfg.artifacts)
+        self.arms = {"variant": (Path(distill["variants"]["dir"]), variant_label(self.name, self.entry)),
+                     **{ref: (root, labels[row]) for ref, row in rows.items()}}
+
+    # -- where things are ------------------------------------------------------------------------------
+    @property
+    def k(self) -> int:
+        """The paper's k40: the largest own top-k the profile knocks in (evaluate.own_heads.bins)."""
+        return max(self.cfg.bins)
+
+    @property
+    def k_small(self) -> int:
+        """The paper's k8: the smallest."""
+        return min(self.cfg.bins)
+
+    def where(self, arm: str) -> str:
+        root, label = self.arms[arm]
+        return f"{root}/M6/{label}-s{self.seed}"
+
+    def _at_seed(self, values: dict[int, dict[str, float]], arm: str) -> dict[int, dict[str, float]]:
+        if self.seed not in values:
+            raise UserError(f"{self.where(arm)}: not read; run its own-heads chain")
+        return {self.seed: values[self.seed]}
+
+    # -- own heads (M4, M2) ----------------------------------------------------------------------------
+    def recovery(self, arm: str, phase: str, k: int) -> dict[int, dict[str, float]]:
+        """{seed: {note: mean recovery of the arm's own top-k at the phase}} at the variant's seed."""
+        root, label = self.arms[arm]
+        values = self._at_seed(arm_values(root, label, "m4", phase=phase, k=k, min_range=self.cfg.min_range), arm)
+        self.inputs.append(seed_dirs(root, label)[self.seed])
+        return values
+
+    def own_median(self, arm: str, phase: str, k: int | None = None) -> float | None:
+        """Median over test notes of the own top-k recovery (k: the paper's k40 unless given)."""
+        return seed_medians(self.recovery(arm, phase, k or self.k))["per_seed_median"].get(self.seed)
+
+    def versus(self, arm: str, reference: str, phase: str, k: int | None = None) -> dict | None:
+        """`arm` minus `reference`, per note (mistill.evaluate.compare.clustered) at the variant's seed."""
+        kk = k or self.k
+        return clustered(self.recovery(arm, phase, kk), self.recovery(reference, phase, kk), self.stats)
+
+    def m2_lift(self, arm: str, phase: str) -> float | None:
+        """Median over test notes of the M2 region lift of the own top read-side heads at the phase."""
+        root, label = self.arms[arm]
+        return seed_medians(self._at_seed(arm_values(root, label, "m2", phase=phase), arm)
+                            )["per_seed_median"].get(self.seed)
+
+    # -- evaluation and training run -------------------------------------------------------------------
+    def evaluation(self, arm: str) -> ArmSeed:
+        root, label = self.arms[arm]
+        evals = root / "DT-eval" if arm == "variant" else eval_root(self.params)
+        run = load_arm(evals, label).get(self.seed)
+        if run is None:
+            raise UserError(f"{evals}/{label}-s{self.seed}: not evaluated; run its evaluation stage")
+        self.inputs += run.files()
+        return run
+
+    def micro_f1(self, arm: str) -> float:
+        return float(self.evaluation(arm).task["micro_f1"])
+
+    def cap_share(self, arm: str) -> float:
+        """Share of the test generations that reached the token cap."""
+        rows = list(self.evaluation(arm).generations.values())
+        if not rows or any("hit_cap" not in r for r in rows):
+            raise UserError(f"{self.evaluation(arm).path}/generations.jsonl: no per-note hit_cap; regenerate")
+        return statistics.fmean(bool(r["hit_cap"]) for r in rows)
+
+    def m1(self, arm: str, phase: str) -> float:
+        """M1 at the phase: the share of the teacher's events where the student's margin is positive."""
+        share = self.evaluation(arm).m1.get(phase, {}).get("p_margin_positive")
+        if share is None:
+            raise UserError(f"{self.evaluation(arm).path}/m1.json: no M1 at {phase}")
+        return float(share)
+
+    def run_config(self) -> dict:
+        """The variant's training run config (config.json: its arm, with the λ it trained with)."""
+        path = variant_run_dir(self.params["distill"]["variants"]["dir"], self.name, self.entry) / "config.json"
+        if not path.is_file():
+            raise UserError(f"{path}: no training run config; run `dvc repro DT-variant@{self.name}`")
+        self.inputs.append(path)
+        return read_json(path, "training run config")
