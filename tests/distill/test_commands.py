@@ -127,7 +127,7 @@ def test_a_dose_matched_variant_starts_with_mistills_extra_loss(project):
     assert main(["distill", "targets"]) == 0
     assert main(["distill", "train", "--arm", "mistill", "--variant", "same"]) == 2   # no Mistill run yet
     assert main(["distill", "train", "--arm", "mistill"]) == 0
-    mistill_extra = first_step_extra(project / "runs" / "DT-001" / "student-qwen-mistill-bf16-s0" / "metrics.jsonl")
+    mistill_extra = first_step_extra(project / "runs" / "DT-001" / "student-qwen-mistill-bf16-s0")
     for name in ("same", "uniform"):
         assert main(["distill", "train", "--arm", "mistill", "--variant", name]) == 0
     run = project / "variants" / "DT-001"
@@ -136,8 +136,7 @@ def test_a_dose_matched_variant_starts_with_mistills_extra_loss(project):
     uniform = json.loads((run / "student-qwen-uniform-bf16-s0" / "config.json").read_text())
     assert uniform["dose"]["reference_extra"] == mistill_extra
     assert uniform["arm"]["lambda_p1"] != pytest.approx(0.1)
-    assert first_step_extra(run / "student-qwen-uniform-bf16-s0" / "metrics.jsonl") == pytest.approx(mistill_extra,
-                                                                                                    rel=1e-9)
+    assert first_step_extra(run / "student-qwen-uniform-bf16-s0") == pytest.approx(mistill_extra, rel=1e-9)
 
 
 @pytest.mark.parametrize("entry, message", [

@@ -207,7 +207,4 @@ def note_loss(model, batch: NoteBatch, arm: ArmConfig, pools: dict[str, Pool] | 
         for name, value in terms.items():
             log[f"{phase}_{name}"] = float(value.detach())
     log["attn"] = sum(v for k, v in log.items() if k.endswith("_attn"))
-    # the loss the mechanism terms add, summed in float64 from the logged terms (the dose of App. M.1)
-    log["extra"] = sum((arm.lambda_p1 if phase == "P1" else arm.lambda_p2) * float(value.detach())
-                       for phase, terms in per_phase.items() for value in terms.values())
     return total, log

@@ -187,7 +187,7 @@ def cmd_train(args) -> int:
 
         # Mistill at the same student, precision and seed: the same first batch (App. M.1)
         reference = run_dir(cfg["runs_dir"], student_key, "mistill", precision, seed)
-        lam = match_dose(trainer, first_step_extra(reference / "metrics.jsonl"))
+        lam = match_dose(trainer, first_step_extra(reference))
         print(f"dose matched to {reference.name}'s first step: lambda_p1 = lambda_p2 = {lam:.4g}")
     rows = trainer.run(max_steps=args.max_steps)
     if hasattr(student_tok, "save") and (out / "model").exists():

@@ -3,20 +3,26 @@
 A control that changes which heads or terms the mechanism loss supervises also changes how much loss it
 adds, so a difference in outcome could be a difference in dose.  The paper fixes the dose of such a
 control ("λ raised to 0.135 so that the extra loss matches Mistill's at the start", App. M.1; the uniform
-attention arm).  With E the extra loss, the mean over the first optimiser step's notes of L - L_CoT:
+attention arm).  The extra loss of a step is read as the training log writes it: each term's mean over the
+step's notes that have it (`<phase>_<term>`, Trainer.train_step's reduction), weighted by its phase's λ,
 
-    λ_V = E_Mistill / E_V(λ = 1)
+    E(λ_P1, λ_P2) = λ_P1 · Σ_t T̄_{P1,t} + λ_P2 · Σ_t (T̄_{P2,t} + T̄_{P2C,t}),
 
-E_Mistill is read from Mistill's own first step (its `metrics.jsonl`, step 1: `extra`, the λ-weighted
-terms each note's log sums in float64, averaged over the step's notes; at the same student, precision and
-seed, hence the same first batch); E_V(1) is the variant's mechanism terms on that batch, before any
-update, with λ_P1 = λ_P2 = 1, averaged the same way (a note without a phase adds nothing for it).  The terms enter the loss linearly in λ (objective Eq. F),
-so training the variant with λ_P1 = λ_P2 = λ_V makes its first-step extra loss E_Mistill.
+and the variant's common λ is
+
+    λ_V = E_Mistill / E_V(1, 1).
+
+E_Mistill comes from Mistill's own first step (its `metrics.jsonl`, step 1, and the λs of its
+`config.json`; the same student, precision and seed, hence the same first batch); E_V(1, 1) from the
+variant's terms on that batch before any update.  Every term enters the loss linearly in its λ (objective
+Eq. F), so training the variant with λ_P1 = λ_P2 = λ_V makes its first-step extra loss E_Mistill; a variant
+equal to Mistill gets Mistill's λ back.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -24,28 +30,38 @@ import numpy as np
 from mistill.distill.objective import ALL_TERMS
 from mistill.distill.trainer import read_metrics
 from mistill.errors import UserError
+from mistill.io import read_json
 
 PHASES = ("P1", "P2", "P2C")
+TERM_KEYS = tuple(f"{phase}_{term}" for phase in PHASES for term in sorted(ALL_TERMS))
 
 
-def unit_extra(log: dict) -> float:
-    """One note's mechanism terms summed at λ_P1 = λ_P2 = 1 (its loss log: `<phase>_<term>` entries)."""
-    return float(sum(log.get(f"{phase}_{term}", 0.0) for phase in PHASES for term in sorted(ALL_TERMS)))
+def term_means(logs: Sequence[Mapping[str, float]]) -> dict[str, float]:
+    """Each logged term's mean over the notes that have it (the training log's reduction of a step)."""
+    return {key: float(np.mean([log[key] for log in logs if key in log])) for key in TERM_KEYS
+            if any(key in log for log in logs)}
 
 
-def first_step_extra(metrics_path: Path) -> float:
-    """A Mistill run's extra loss at its first optimiser step: `extra` of step 1 (mean over the step's notes)."""
-    if not metrics_path.is_file():
-        raise UserError(f"{metrics_path}: no training log of the reference run; train it first")
-    rows = [r for r in read_metrics(metrics_path) if r.get("step") == 1]
-    if not rows or "extra" not in rows[0]:
-        raise UserError(f"{metrics_path}: no first-step extra loss; retrain the reference Mistill run")
-    return float(rows[0]["extra"])
+def extra_loss(means: Mapping[str, float], lambda_p1: float, lambda_p2: float) -> float:
+    """E(λ_P1, λ_P2): the loss the mechanism terms add to L_CoT at one step."""
+    return float(sum((lambda_p1 if key.startswith("P1_") else lambda_p2) * value for key, value in means.items()))
 
 
-def matched_lambda(reference_extra: float, first_batch_logs: Sequence[dict]) -> float:
-    """λ_V = E_reference / E_V(1) over the first batch's per-note loss logs."""
-    at_unit = float(np.mean([unit_extra(log) for log in first_batch_logs]))
+def first_step_extra(run_dir: Path) -> float:
+    """A Mistill run's extra loss at its first optimiser step (metrics.jsonl step 1, its config's λs)."""
+    metrics, config = run_dir / "metrics.jsonl", run_dir / "config.json"
+    if not metrics.is_file() or not config.is_file():
+        raise UserError(f"{run_dir}: no training log of the reference run; train it first")
+    rows = [r for r in read_metrics(metrics) if r.get("step") == 1]
+    arm = read_json(config, "training run config").get("arm") or {}
+    if not rows or "lambda_p1" not in arm or "lambda_p2" not in arm:
+        raise UserError(f"{run_dir}: no first step with its λs in the reference run's log and config")
+    return extra_loss(term_means(rows), float(arm["lambda_p1"]), float(arm["lambda_p2"]))
+
+
+def matched_lambda(reference_extra: float, first_batch_logs: Sequence[Mapping[str, float]]) -> float:
+    """λ_V = E_reference / E_V(1, 1) over the first batch's per-note loss logs."""
+    at_unit = extra_loss(term_means(first_batch_logs), 1.0, 1.0)
     if not np.isfinite(at_unit) or at_unit <= 0:
         raise UserError(f"the variant's mechanism terms are {at_unit} at the start: no λ matches a dose to it")
     return reference_extra / at_unit
@@ -53,8 +69,6 @@ def matched_lambda(reference_extra: float, first_batch_logs: Sequence[dict]) -> 
 
 def match_dose(trainer, reference_extra: float) -> float:
     """Set the trainer's λ_P1 = λ_P2 = λ_V before its first step, and record the match in its run config."""
-    from dataclasses import replace
-
     lam = matched_lambda(reference_extra, trainer.first_batch_logs())
     trainer.arm = replace(trainer.arm, lambda_p1=lam, lambda_p2=lam)
     trainer.run_config["arm"] = trainer.arm.as_dict()
