@@ -8,7 +8,7 @@ after the first optimiser step; what must hold is that the arm's task micro-F1 a
 differ by no more than the tolerances the calibration measured for those values (R-D2).
 
 It needs the chain's inputs (world data, teacher traces, events, head sets, distillation targets):
-this checkout's, when `dvc status` finds them current, else a clone builds them (about 6 minutes
+this checkout's, when `dvc status` finds them current, else a clone builds them (about 9 minutes
 on two cores).
 """
 
@@ -34,7 +34,8 @@ ARM = "student-qwen-vanilla-fp32-s0"
 STAGES = ("DT-000@qwen-fp32-0", "EV-vanilla@qwen-fp32-0")
 # the stages that write the calibration's inputs (params calibration.inputs) and the arm's: a fast test
 # (tests/chain/test_chain_inputs.py) fails when the inputs grow beyond what they and their ancestors write
-UPSTREAM = ("DT-targets", "DT-coverage", "HD-S-untrained", "TR-008-events")
+UPSTREAM = ("DT-targets", "DT-coverage", "HD-S-untrained", "TR-008-events", "LAS@student-qwen-vanilla-fp32-s0",
+            "LAS@student-smol-vanilla-fp32-s0")   # a stage, or one item of a foreach stage
 
 
 def _dvc(args: list[str], cwd: Path) -> subprocess.CompletedProcess:
