@@ -95,7 +95,8 @@ def test_paper_profile_targets_and_training_rehearsed(hub_cache, tmp_path, monke
     write_head_sets(tmp_path / "t_sets.json", n_layers=2, n_heads=4)
     paper = load_params(profile="paper")
     distill = {"traces": "traces.jsonl", "train_notes": "train.jsonl", "events_dir": "events",
-               "teacher_head_sets": "t_sets.json", "student_head_sets": {}, "targets_dir": "targets",
+               "teacher_head_sets": "t_sets.json", "teacher_prose_sets": "t_sets.json", "student_head_sets": {},
+               "targets_dir": "targets",
                "runs_dir": "runs", "pool_k": {"teacher": 3, "student": 3}, "window": 8, "topk": 8,
                "lambda_p1": 0.1, "lambda_p2": 0.1, "terms": ["attn", "inter"], "write_norm": False,
                "heads": "top", "pool_seed": 0, "precision": paper["distill"]["precision"], "seeds": [0],

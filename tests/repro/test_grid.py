@@ -21,14 +21,15 @@ def test_a_job_per_training_run_with_its_evaluation_and_own_heads_chain():
     runs = len(seeds) * len(students) * (len(params["distill"]["vanilla_precisions"])
                                          + len(params["distill"]["mistill_precisions"]))
     baseline_runs = {arm: len(section["runs"]) for arm, section in params["baselines"].items() if isinstance(section, dict)}
-    assert len(jobs) == runs + sum(baseline_runs.values())
+    variants = len(params["distill"]["variants"]["arms"])
+    assert len(jobs) == runs + variants + sum(baseline_runs.values())
     for job in jobs:
         names = [stage for stage, _ in job.stages]
         key = job.name.split("@")[1]
         assert names[0] == job.name and all(n.endswith(f"@{key}") for n in names)
         stage = job.name.split("@")[0]
-        if stage in ("DT-000", "DT-001"):
-            family = "vanilla" if stage == "DT-000" else "mistill"
+        if stage in ("DT-000", "DT-001", "DT-variant"):
+            family = {"DT-000": "vanilla", "DT-001": "mistill", "DT-variant": "variant"}[stage]
             assert sorted(n.split("@")[0] for n in names[1:]) == [f"EV-{family}", f"M6-{family}"]
             assert job.stages[0][1].startswith("mistill distill train")
         else:   # a baseline arm: its evaluation, and Feature-KD's own-heads chain
