@@ -34,46 +34,27 @@ def keys(params: dict) -> list[str]:
 
 def compute_values(params: dict) -> tuple[dict, list[Path]]:
     read = VariantReadout("uniform", params)
-    seed = read.seed
-    v: dict = {}
-    for k, key in ((read.k, "uniform_own_p2c_k40"), (read.k_small, "uniform_own_p2c_k8")):
-        med = read.own_median("variant", "P2C", k)
-        if med is not None:
-            v[key] = value(med, f"median over test notes of per-note mean recovery (own top-{k}, P2C, 1-nat gate), "
-                           f"seed {seed}", read.where("variant"))
-    c = read.versus("variant", "mistill", "P2C")
-    if c is not None:
-        art = f"{read.where('variant')} vs {read.where('mistill')}"
-        v["uniform_vs_mistill_s0_p2c"] = value(
-            c["mean_difference"], f"mean over notes of the per-note difference, uniform minus Mistill (own top-{read.k} "
-            f"P2C recovery, seed {seed}); {c['notes_higher']} higher / {c['notes_lower']} lower of {c['n_notes']}, "
-            f"sign p {c['sign_p']:.3g}", art)
-        v["uniform_vs_mistill_s0_p2c_interval"] = value(
-            [c["ci_low"], c["ci_high"]], f"{c['confidence']:.0%} note-bootstrap interval of that mean difference "
-            f"({read.stats.bootstrap_resamples} resamples, seed {read.stats.bootstrap_seed})", art)
-
+    cells = {"uniform_own_p2c_k40": read.own_value("variant", "P2C"),
+             "uniform_own_p2c_k8": read.own_value("variant", "P2C", read.k_small),
+             "uniform_m2_lift": read.lift_value("variant", "P2C"), "mistill_s0_m2_lift_p2c": read.lift_value("mistill", "P2C")}
+    v = {key: cell for key, cell in cells.items() if cell is not None}
+    v.update(read.paired_values("uniform_vs_mistill_s0_p2c", "uniform minus Mistill", "mistill"))
     for arm, prefix in (("variant", "uniform"), ("mistill", "mistill_s0")):
         path = read.evaluation(arm).path
-        v[f"{prefix}_microf1"] = value(read.micro_f1(arm), f"corpus micro-F1 on the test notes, seed {seed}",
-                                       f"{path}/task.json")
-        v[f"{prefix}_cap_rate"] = value(read.cap_share(arm), f"share of test generations that reached the token "
-                                        f"cap, seed {seed}", f"{path}/generations.jsonl")
+        v[f"{prefix}_microf1"] = read.f1_value(arm)
+        v[f"{prefix}_cap_rate"] = value(read.cap_share(arm), "share of test generations that reached the token cap, "
+                                        f"seed {read.seed}", f"{path}/generations.jsonl")
         v[f"{prefix}_m1_p2c"] = value(read.m1(arm, "P2C"), "M1: share of the teacher's P2C events at which the "
-                                      f"student's margin is > 0, pooled over the test notes, seed {seed}",
+                                      f"student's margin is > 0, pooled over the test notes, seed {read.seed}",
                                       f"{path}/m1.json")
-        lift = read.m2_lift(arm, "P2C")
-        if lift is not None:
-            v[f"{prefix}_m2_lift" + ("_p2c" if arm == "mistill" else "")] = value(
-                lift, f"M2 region lift of the own top-{read.cfg.readside_k} read-side heads at P2C, median over test "
-                f"notes, seed {seed}", f"{read.where(arm)}/readside.json")
 
-    arm = read.run_config().get("arm") or {}
+    config = read.run_config()
+    arm = config.get("arm") or {}
     if arm.get("lambda_p1") != arm.get("lambda_p2"):
         raise UserError(f"DT-variant@uniform trained with lambda_p1 {arm.get('lambda_p1')} and lambda_p2 "
                         f"{arm.get('lambda_p2')}; Table 51's uniform arm has one λ")
-    dose = read.run_config().get("dose")
     v["uniform_lambda"] = value(float(arm["lambda_p1"]), "lambda of P1 and P2 at which the first step's added loss "
-                                "equals that of Mistill" if dose else "lambda of P1 and P2 from params",
+                                "equals that of Mistill" if config.get("dose") else "lambda of P1 and P2 from params",
                                 str(read.inputs[-1]))
     return v, sorted(set(read.inputs))
 

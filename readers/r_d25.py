@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from mistill.evaluate.readout import main_for, value
+from mistill.evaluate.readout import main_for
 from mistill.evaluate.variants import VariantReadout
 
 READER = "readers/r_d25.py"
@@ -33,41 +33,15 @@ def keys(params: dict) -> list[str]:
 
 def compute_values(params: dict) -> tuple[dict, list[Path]]:
     read = VariantReadout("nowindow", params)
-    seed, k = read.seed, read.k
-    v: dict = {}
-    for arm, prefix in (("variant", "nowindow"), ("mistill", "mistill_s0")):
-        for phase in ("P1", "P2C"):
-            med = read.own_median(arm, phase)
-            if med is not None:
-                v[f"{prefix}_own_{phase.lower()}_k40"] = value(
-                    med, f"median over test notes of per-note mean recovery (own top-{k}, {phase}, 1-nat gate), "
-                    f"seed {seed}", read.where(arm))
-
-    c = read.versus("variant", "mistill", "P2C")
-    if c is not None:
-        art = f"{read.where('variant')} vs {read.where('mistill')}"
-        v["nowindow_minus_mistill_p2c"] = value(
-            c["mean_difference"], f"mean over notes of the per-note difference, no window minus Mistill (own "
-            f"top-{k} P2C recovery, seed {seed}); {c['notes_lower']} lower / {c['notes_higher']} higher of "
-            f"{c['n_notes']}, sign p {c['sign_p']:.3g}, Wilcoxon p {c['wilcoxon_p']:.3g}", art)
-        v["nowindow_minus_mistill_p2c_interval"] = value(
-            [c["ci_low"], c["ci_high"]], f"{c['confidence']:.0%} note-bootstrap interval of that mean difference "
-            f"({read.stats.bootstrap_resamples} resamples, seed {read.stats.bootstrap_seed})", art)
-    c = read.versus("variant", "vanilla", "P2C", read.k_small)
-    if c is not None:
-        v["nowindow_vs_vanilla_k8"] = value(
-            c["mean_difference"], f"mean over notes of the per-note difference, no window minus fp32 Vanilla CoT-KD "
-            f"(own top-{read.k_small} P2C recovery, seed {seed}); {c['notes_higher']} higher of {c['n_notes']}",
-            f"{read.where('variant')} vs {read.where('vanilla')}")
-
-    for arm, key in (("variant", "nowindow_m2_lift_p1"), ("mistill", "mistill_s0_m2_lift_p1")):
-        lift = read.m2_lift(arm, "P1")
-        if lift is not None:
-            v[key] = value(lift, f"M2 region lift of the own top-{read.cfg.readside_k} read-side heads at P1, median "
-                           f"over test notes, seed {seed}", f"{read.where(arm)}/readside.json")
-    for arm, key in (("variant", "nowindow_microf1"), ("mistill", "mistill_s0_microf1")):
-        v[key] = value(read.micro_f1(arm), f"corpus micro-F1 on the test notes, seed {seed}",
-                       f"{read.evaluation(arm).path}/task.json")
+    cells = {f"{prefix}_own_{phase.lower()}_k40": read.own_value(arm, phase)
+             for arm, prefix in (("variant", "nowindow"), ("mistill", "mistill_s0")) for phase in ("P1", "P2C")}
+    cells.update({"nowindow_m2_lift_p1": read.lift_value("variant", "P1"),
+                  "mistill_s0_m2_lift_p1": read.lift_value("mistill", "P1"),
+                  "nowindow_microf1": read.f1_value("variant"), "mistill_s0_microf1": read.f1_value("mistill")})
+    v = {key: cell for key, cell in cells.items() if cell is not None}
+    v.update(read.paired_values("nowindow_minus_mistill_p2c", "no window minus Mistill", "mistill"))
+    v.update(read.paired_values("nowindow_vs_vanilla_k8", "no window minus fp32 Vanilla CoT-KD", "vanilla",
+                                k=read.k_small, interval=False))
     return v, sorted(set(read.inputs))
 
 

@@ -419,6 +419,16 @@ def test_r_d15_readouts_by_hand(tmp_path):
     assert v["smollm_microf1_untrained_to_vanilla"][1] > 0
 
 
+def _read_by_hand(rid: str, params: dict) -> tuple[dict, dict]:
+    """A reader run on hand-made artifacts: (its values, their bare numbers), once it has written exactly the
+    keys it lists and every paper key."""
+    module = reader(rid)
+    values, _ = module.compute_values(params)
+    _assert_writes_what_it_lists(module, params, values)
+    assert set(REGISTRY.expected("paper").values[rid]) <= set(values)
+    return values, {key: x["value"] for key, x in values.items()}
+
+
 def _own_heads_by_hand(where: dict, seed: int, notes: list[str], recovery: dict, lifts: dict, bins: list[int],
                        lift_phase: str) -> None:
     """M6 directories whose per-note recoveries (margin_all 2, margin_corr 0: a knock-in margin of 2r recovers r)
@@ -462,11 +472,7 @@ def test_r_d24_uniform_attention_against_mistill_by_hand(tmp_path):
               {kind: {**cell, "pooled": 0.802} for kind, cell in m1.items()})
     run = variant_run_dir(params["distill"]["variants"]["dir"], "uniform", entry)
     write_json(run / "config.json", {"arm": {"lambda_p1": 0.135, "lambda_p2": 0.135}, "dose": {"lambda": 0.135}})
-    module = reader("R-D24")
-    values, _ = module.compute_values(params)
-    _assert_writes_what_it_lists(module, params, values)
-    assert set(REGISTRY.expected("paper").values["R-D24"]) <= set(values)
-    v = {key: x["value"] for key, x in values.items()}
+    values, v = _read_by_hand("R-D24", params)
     assert v["uniform_own_p2c_k40"] == pytest.approx(np.median(recovery["uniform"][("P2C", k)]))
     assert v["uniform_own_p2c_k8"] == pytest.approx(np.median(recovery["uniform"][("P2C", k8)]))
     assert v["uniform_vs_mistill_s0_p2c"] == pytest.approx(0.14 / 6)       # mean of the six per-note differences
@@ -505,11 +511,7 @@ def test_r_d25_no_window_against_mistill_and_vanilla_by_hand(tmp_path):
     _own_heads_by_hand(where, entry["seed"], notes, recovery, lifts, section["bins"], "P1")
     write_arm(tmp_path / "variants", variant_label("nowindow", entry), entry["seed"], {n: GOLD[n] for n in GOLD})
     write_arm(tmp_path, section["arms"]["qwen_mistill"], entry["seed"], {n: (GOLD[n] if n == "n1" else []) for n in GOLD})
-    module = reader("R-D25")
-    values, _ = module.compute_values(params)
-    _assert_writes_what_it_lists(module, params, values)
-    assert set(REGISTRY.expected("paper").values["R-D25"]) <= set(values)
-    v = {key: x["value"] for key, x in values.items()}
+    values, v = _read_by_hand("R-D25", params)
     assert v["nowindow_own_p1_k40"] == pytest.approx(np.median(recovery["nowindow"][("P1", k)]))
     assert v["mistill_s0_own_p2c_k40"] == pytest.approx(np.median(recovery["mistill"][("P2C", k)]))
     assert v["nowindow_minus_mistill_p2c"] == pytest.approx(-np.mean(np.linspace(0.001, 0.02, len(notes))))
@@ -525,7 +527,7 @@ def test_r_d25_no_window_against_mistill_and_vanilla_by_hand(tmp_path):
     # the variant must be read at its own seed
     params["distill"]["variants"]["arms"]["nowindow"]["seed"] = 1
     with pytest.raises(UserError, match="-s1"):
-        module.compute_values(params)
+        reader("R-D25").compute_values(params)
 
 
 def test_r_d16_writes_the_paper_keys_on_three_paper_shaped_reads(tmp_path):

@@ -20,7 +20,7 @@ from mistill.distill.runs import variant, variant_label, variant_run_dir
 from mistill.errors import UserError
 from mistill.evaluate.compare import arm_values, clustered, seed_dirs, seed_medians
 from mistill.evaluate.own_heads import OwnHeadsConfig
-from mistill.evaluate.readout import ArmSeed, arm_labels, eval_root, load_arm
+from mistill.evaluate.readout import ArmSeed, arm_labels, eval_root, load_arm, value
 from mistill.io import read_json
 from mistill.stats import StatsParams
 
@@ -94,6 +94,43 @@ class VariantReadout:
         """`arm` minus `reference`, per note (mistill.evaluate.compare.clustered) at the variant's seed."""
         kk = k or self.k
         return clustered(self.recovery(arm, phase, kk), self.recovery(reference, phase, kk), self.stats)
+
+    # -- the cells as numbers-file values ---------------------------------------------------------------
+    def own_value(self, arm: str, phase: str, k: int | None = None) -> dict | None:
+        kk = k or self.k
+        med = self.own_median(arm, phase, kk)
+        return None if med is None else value(
+            med, f"median over test notes of per-note mean recovery (own top-{kk}, {phase}, 1-nat gate), seed "
+            f"{self.seed}", self.where(arm))
+
+    def lift_value(self, arm: str, phase: str) -> dict | None:
+        lift = self.m2_lift(arm, phase)
+        return None if lift is None else value(
+            lift, f"M2 region lift of the own top-{self.cfg.readside_k} read-side heads at {phase}, median over test "
+            f"notes, seed {self.seed}", f"{self.where(arm)}/readside.json")
+
+    def f1_value(self, arm: str) -> dict:
+        return value(self.micro_f1(arm), f"corpus micro-F1 on the test notes, seed {self.seed}",
+                     f"{self.evaluation(arm).path}/task.json")
+
+    def paired_values(self, key: str, what: str, reference: str, phase: str = "P2C", k: int | None = None, *,
+                      interval: bool = True) -> dict[str, dict]:
+        """`key`: the variant minus `reference` per note (note-clustered mean, with the notes higher and lower and
+        the sign and Wilcoxon p-values in its statistic), and `<key>_interval`, its bootstrap interval; `what`
+        names the difference ("uniform minus Mistill")."""
+        kk = k or self.k
+        c = self.versus("variant", reference, phase, kk)
+        if c is None:
+            return {}
+        art = f"{self.where('variant')} vs {self.where(reference)}"
+        out = {key: value(c["mean_difference"], f"mean over notes of the per-note difference, {what} (own top-{kk} "
+                          f"{phase} recovery, seed {self.seed}); {c['notes_higher']} higher / {c['notes_lower']} lower "
+                          f"of {c['n_notes']}, sign p {c['sign_p']:.3g}, Wilcoxon p {c['wilcoxon_p']:.3g}", art)}
+        if interval:
+            out[f"{key}_interval"] = value(
+                [c["ci_low"], c["ci_high"]], f"{c['confidence']:.0%} note-bootstrap interval of that mean difference "
+                f"({self.stats.bootstrap_resamples} resamples, seed {self.stats.bootstrap_seed})", art)
+        return out
 
     def m2_lift(self, arm: str, phase: str) -> float | None:
         """Median over test notes of the M2 region lift of the own top read-side heads at the phase."""
