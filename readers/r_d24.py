@@ -55,7 +55,7 @@ def compute_values(params: dict) -> tuple[dict, list[Path]]:
                         f"{arm.get('lambda_p2')}; Table 51's uniform arm has one λ")
     v["uniform_lambda"] = value(float(arm["lambda_p1"]), "lambda of P1 and P2 at which the first step's added loss "
                                 "equals that of Mistill" if config.get("dose") else "lambda of P1 and P2 from params",
-                                str(read.inputs[-1]))
+                                str(read.run_config_path))
     return v, sorted(set(read.inputs))
 
 

@@ -107,17 +107,15 @@ def run_identity(student_spec, teacher_spec, targets_dir: Path, manifest: dict) 
 def apply_variant(args, distill: dict) -> Path:
     """Set `args` from the variant entry `args.variant` (params distill.variants.arms): its student, seed,
     precision and switches, which options given on the command line override; return its run directory."""
-    from mistill.distill.runs import variant, variant_run_dir
+    from mistill.distill.runs import VARIANT_SWITCHES, variant, variant_run_dir
 
     if args.arm != "mistill":
         raise UserError("--variant names a variant of the Mistill recipe; use it with --arm mistill")
     entry = variant(distill, args.variant)
     args.student = f"student_{entry['student']}" if args.student is None else args.student
-    for name in ("seed", "precision", "window", "lambda_p1", "lambda_p2", "dose", "heads", "k", "pool_seed"):
+    for name in ("seed", "precision", *VARIANT_SWITCHES):   # the options have the entry's names
         if getattr(args, name) is None and name in entry:
-            setattr(args, name, entry[name])
-    if args.terms is None and "terms" in entry:
-        args.terms = ",".join(entry["terms"])
+            setattr(args, name, ",".join(entry[name]) if name == "terms" else entry[name])
     return variant_run_dir(distill["variants"]["dir"], args.variant, entry)
 
 
@@ -139,6 +137,8 @@ def cmd_train(args) -> int:
     out = Path(args.out) if args.out else None
     if args.variant:
         out = out or apply_variant(args, cfg)
+    if args.dose == "match" and (args.arm != "mistill" or args.lambda_p1 is not None or args.lambda_p2 is not None):
+        raise UserError("--dose match sets lambda_p1 and lambda_p2 of a Mistill run itself; give neither")
     student_key = args.student or "student_qwen"
     student_spec = params["models"].get(student_key, student_key)
     precision = args.precision or cfg["precision"][args.arm]
@@ -155,8 +155,6 @@ def cmd_train(args) -> int:
                                                             dtype=precision_dtype(precision),
                                                             attn_implementation="sdpa"),
                                      device=resolve_device(params["models"].get("device")))
-    if args.dose == "match" and (args.arm != "mistill" or args.lambda_p1 is not None or args.lambda_p2 is not None):
-        raise UserError("--dose match sets lambda_p1 and lambda_p2 of a Mistill run itself; give neither")
     terms = tuple(t.strip() for t in (args.terms or ",".join(cfg["terms"])).split(",") if t.strip())
     arm = arms.ArmConfig(arm=args.arm, lambda_p1=float(args.lambda_p1 if args.lambda_p1 is not None else cfg["lambda_p1"]),
                          lambda_p2=float(args.lambda_p2 if args.lambda_p2 is not None else cfg["lambda_p2"]),

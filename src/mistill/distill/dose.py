@@ -27,12 +27,11 @@ from pathlib import Path
 
 import numpy as np
 
-from mistill.distill.objective import ALL_TERMS
+from mistill.distill.objective import ALL_TERMS, PHASES
 from mistill.distill.trainer import read_metrics
 from mistill.errors import UserError
 from mistill.io import read_json
 
-PHASES = ("P1", "P2", "P2C")
 TERM_KEYS = tuple(f"{phase}_{term}" for phase in PHASES for term in sorted(ALL_TERMS))
 
 

@@ -20,11 +20,10 @@ from mistill.distill.runs import variant, variant_label, variant_run_dir
 from mistill.errors import UserError
 from mistill.evaluate.compare import arm_values, clustered, seed_dirs, seed_medians
 from mistill.evaluate.own_heads import OwnHeadsConfig
-from mistill.evaluate.readout import ArmSeed, arm_labels, eval_root, load_arm, value
+from mistill.evaluate.readout import FAMILIES, ArmSeed, arm_labels, eval_root, load_arm, value
 from mistill.io import read_json
 from mistill.stats import StatsParams
 
-FAMILY = {"qwen": "qwen", "smol": "smollm"}   # params students -> the Table 2/3 row prefixes
 REFERENCES = {"mistill": "mistill", "vanilla": "vanilla_fp32"}   # what a variant is compared with
 
 
@@ -45,7 +44,7 @@ class VariantReadout:
         distill = self.params["distill"]
         self.entry = variant(distill, self.name)
         self.seed = int(self.entry["seed"])
-        family = FAMILY.get(self.entry["student"])
+        family = FAMILIES.get(self.entry["student"])
         labels = arm_labels(self.params)
         rows = {ref: f"{family}_{row}" for ref, row in REFERENCES.items()}
         missing = [row for row in rows.values() if row not in labels]
@@ -165,9 +164,13 @@ class VariantReadout:
             raise UserError(f"{self.evaluation(arm).path}/m1.json: no M1 at {phase}")
         return float(share)
 
+    @property
+    def run_config_path(self) -> Path:
+        return variant_run_dir(self.params["distill"]["variants"]["dir"], self.name, self.entry) / "config.json"
+
     def run_config(self) -> dict:
         """The variant's training run config (config.json: its arm, with the λ it trained with)."""
-        path = variant_run_dir(self.params["distill"]["variants"]["dir"], self.name, self.entry) / "config.json"
+        path = self.run_config_path
         if not path.is_file():
             raise UserError(f"{path}: no training run config; run `dvc repro DT-variant@{self.name}`")
         self.inputs.append(path)
