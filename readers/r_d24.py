@@ -1,6 +1,6 @@
 """R-D24 (Sec. 4.5, App. M.1, Table 51): uniform attention supervision, no ranking.
 
-The variant `uniform` (params distill.variants.arms.uniform: the attention term at every head of the
+The variant `uniform` (params variants.arms.uniform: the attention term at every head of the
 supervised layers with equal weights, no interaction term, λ matched so that its extra loss at the first
 step equals Mistill's, `mistill.distill.dose`) against Mistill at the same seed, on the same student
 (`mistill.evaluate.variants.VariantReadout`):

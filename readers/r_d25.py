@@ -1,6 +1,6 @@
 """R-D25 (Secs. 4.1 and 4.5, App. I.1 and M.1, Table 51): Mistill without its 8-token window.
 
-The no-window variant (params distill.variants.arms.nowindow: the P1 term supervises the chapter
+The no-window variant (params variants.arms.nowindow: the P1 term supervises the chapter
 events alone) against Mistill at the same seed and against fp32 Vanilla CoT-KD, on the same student
 (`mistill.evaluate.variants.VariantReadout`):
 

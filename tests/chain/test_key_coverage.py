@@ -455,8 +455,8 @@ def test_r_d24_uniform_attention_against_mistill_by_hand(tmp_path):
     params = copy.deepcopy(PAPER_PARAMS)
     params["paths"] = {"artifacts": str(tmp_path), "results": str(tmp_path / "results")}
     params["stats"]["bootstrap_resamples"] = 200
-    params["distill"]["variants"]["dir"] = str(tmp_path / "variants")
-    section, entry = params["evaluate"]["own_heads"], params["distill"]["variants"]["arms"]["uniform"]
+    params["variants"]["dir"] = str(tmp_path / "variants")
+    section, entry = params["evaluate"]["own_heads"], params["variants"]["arms"]["uniform"]
     k, k8, notes = max(section["bins"]), min(section["bins"]), [f"n{i}" for i in range(6)]
     rng = np.random.default_rng(8)
     recovery = {arm: {("P2C", kk): rng.uniform(0.3, 1.0, len(notes)) for kk in (k, k8)}
@@ -470,7 +470,7 @@ def test_r_d24_uniform_attention_against_mistill_by_hand(tmp_path):
     write_arm(tmp_path / "variants", label, entry["seed"], {"n1": GOLD["n1"], "n2": None, "n3": None, "n4": GOLD["n4"]}, m1)
     write_arm(tmp_path, section["arms"]["qwen_mistill"], entry["seed"], {n: GOLD[n] for n in GOLD},
               {kind: {**cell, "pooled": 0.802} for kind, cell in m1.items()})
-    run = variant_run_dir(params["distill"]["variants"]["dir"], "uniform", entry)
+    run = variant_run_dir(params["variants"]["dir"], "uniform", entry)
     write_json(run / "config.json", {"arm": {"lambda_p1": 0.135, "lambda_p2": 0.135}, "dose": {"lambda": 0.135}})
     values, v = _read_by_hand("R-D24", params)
     assert v["uniform_own_p2c_k40"] == pytest.approx(np.median(recovery["uniform"][("P2C", k)]))
@@ -485,7 +485,7 @@ def test_r_d24_uniform_attention_against_mistill_by_hand(tmp_path):
 
 
 def test_r_d25_no_window_against_mistill_and_vanilla_by_hand(tmp_path):
-    """The no-window variant (under distill.variants.dir) against Mistill and fp32 Vanilla CoT-KD at its seed:
+    """The no-window variant (under variants.dir) against Mistill and fp32 Vanilla CoT-KD at its seed:
     recoveries, M2 lifts and micro-F1 set by hand; the paired differences against numpy and scipy."""
     from scipy.stats import binomtest
 
@@ -495,8 +495,8 @@ def test_r_d25_no_window_against_mistill_and_vanilla_by_hand(tmp_path):
     params = copy.deepcopy(PAPER_PARAMS)
     params["paths"] = {"artifacts": str(tmp_path), "results": str(tmp_path / "results")}
     params["stats"]["bootstrap_resamples"] = 200
-    params["distill"]["variants"]["dir"] = str(tmp_path / "variants")
-    section, entry = params["evaluate"]["own_heads"], params["distill"]["variants"]["arms"]["nowindow"]
+    params["variants"]["dir"] = str(tmp_path / "variants")
+    section, entry = params["evaluate"]["own_heads"], params["variants"]["arms"]["nowindow"]
     k, k8 = max(section["bins"]), min(section["bins"])
     notes = [f"n{i}" for i in range(7)]
     # per-note recovery (margin_all 2, margin_corr 0: a knock-in margin of 2r recovers r) at P1 and P2C, k and k8
@@ -525,7 +525,7 @@ def test_r_d25_no_window_against_mistill_and_vanilla_by_hand(tmp_path):
     assert v["mistill_s0_m2_lift_p1"] == pytest.approx(np.median(lifts["mistill"]))
     assert v["nowindow_microf1"] == 1.0 and 0 < v["mistill_s0_microf1"] < 1.0
     # the variant must be read at its own seed
-    params["distill"]["variants"]["arms"]["nowindow"]["seed"] = 1
+    params["variants"]["arms"]["nowindow"]["seed"] = 1
     with pytest.raises(UserError, match="-s1"):
         reader("R-D25").compute_values(params)
 

@@ -99,10 +99,10 @@ def test_window_rows_are_pooled_over_the_locus_pass_prose_ranking(project, capsy
 
 
 def test_a_recipe_variant_trains_its_switches_under_the_variants_directory(project):
-    """`--variant nowindow` takes student, seed, precision and window from params distill.variants.arms and
+    """`--variant nowindow` takes student, seed, precision and window from params variants.arms and
     writes its run where mistill.distill.runs.variant_run_dir says; the main runs' directory stays empty."""
     params = yaml.safe_load((project / "params.yaml").read_text())
-    params["demo"]["distill"]["variants"] = {"dir": "variants", "arms": {
+    params["demo"]["variants"] = {"dir": "variants", "arms": {
         "nowindow": {"student": "qwen", "seed": 3, "precision": "bf16", "window": 0}}}
     (project / "params.yaml").write_text(yaml.safe_dump(params))
     assert main(["distill", "targets"]) == 0
@@ -119,7 +119,7 @@ def test_a_dose_matched_variant_starts_with_mistills_extra_loss(project):
     from mistill.distill.dose import first_step_extra
 
     params = yaml.safe_load((project / "params.yaml").read_text())
-    params["demo"]["distill"]["variants"] = {"dir": "variants", "arms": {
+    params["demo"]["variants"] = {"dir": "variants", "arms": {
         "same": {"student": "qwen", "seed": 0, "precision": "bf16", "dose": "match"},
         "uniform": {"student": "qwen", "seed": 0, "precision": "bf16", "heads": "uniform", "terms": ["attn"],
                     "dose": "match"}}}
@@ -145,7 +145,7 @@ def test_a_dose_matched_variant_starts_with_mistills_extra_loss(project):
 ])
 def test_a_malformed_variant_is_refused_by_name(project, capsys, entry, message):
     params = yaml.safe_load((project / "params.yaml").read_text())
-    params["demo"]["distill"]["variants"] = {"dir": "variants", "arms": {"v": entry}}
+    params["demo"]["variants"] = {"dir": "variants", "arms": {"v": entry}}
     (project / "params.yaml").write_text(yaml.safe_dump(params))
     assert main(["distill", "train", "--arm", "mistill", "--variant", "v"]) == 2
     assert message in capsys.readouterr().err

@@ -21,7 +21,7 @@ def test_a_job_per_training_run_with_its_evaluation_and_own_heads_chain():
     runs = len(seeds) * len(students) * (len(params["distill"]["vanilla_precisions"])
                                          + len(params["distill"]["mistill_precisions"]))
     baseline_runs = {arm: len(section["runs"]) for arm, section in params["baselines"].items() if isinstance(section, dict)}
-    variants = len(params["distill"]["variants"]["arms"])
+    variants = len(params["variants"]["arms"])
     assert len(jobs) == runs + variants + sum(baseline_runs.values())
     for job in jobs:
         names = [stage for stage, _ in job.stages]

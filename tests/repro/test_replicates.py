@@ -43,7 +43,10 @@ def test_replicate_params_override_the_active_profile_and_keep_the_alias(tmp_pat
     active = load_params(path)
     assert active["profile"] == "demo"
     assert active["models"]["threads"] == 1 and active["distill"]["seeds"] == [3]
-    assert {entry["seed"] for entry in active["distill"]["variants"]["arms"].values()} == {3}
+    original = load_params(REPO / "params.yaml")["variants"]["arms"]
+    assert {name: entry["seed"] for name, entry in active["variants"]["arms"].items()} == {
+        name: 3 + entry["seed"] for name, entry in original.items()}            # each keeps its offset from seed 0
+    assert active["variants"]["arms"]["randheads1"]["seed"] == 4
     loaded = load_all(path)
     assert loaded["profile"] is loaded["demo"]                  # written as an anchor and its alias
 

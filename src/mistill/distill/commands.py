@@ -104,19 +104,19 @@ def run_identity(student_spec, teacher_spec, targets_dir: Path, manifest: dict) 
             "targets": str(targets_dir)}
 
 
-def apply_variant(args, distill: dict) -> Path:
-    """Set `args` from the variant entry `args.variant` (params distill.variants.arms): its student, seed,
+def apply_variant(args, variants: dict) -> Path:
+    """Set `args` from the variant entry `args.variant` (params variants.arms): its student, seed,
     precision and switches, which options given on the command line override; return its run directory."""
     from mistill.distill.runs import VARIANT_SWITCHES, variant, variant_run_dir
 
     if args.arm != "mistill":
         raise UserError("--variant names a variant of the Mistill recipe; use it with --arm mistill")
-    entry = variant(distill, args.variant)
+    entry = variant(variants, args.variant)
     args.student = f"student_{entry['student']}" if args.student is None else args.student
     for name in ("seed", "precision", *VARIANT_SWITCHES):   # the options have the entry's names
         if getattr(args, name) is None and name in entry:
             setattr(args, name, ",".join(entry[name]) if name == "terms" else entry[name])
-    return variant_run_dir(distill["variants"]["dir"], args.variant, entry)
+    return variant_run_dir(variants["dir"], args.variant, entry)
 
 
 def cmd_train(args) -> int:
@@ -136,7 +136,7 @@ def cmd_train(args) -> int:
     set_threads(params["models"])
     out = Path(args.out) if args.out else None
     if args.variant:
-        out = out or apply_variant(args, cfg)
+        out = out or apply_variant(args, params.get("variants") or {})
     if args.dose == "match" and (args.arm != "mistill" or args.lambda_p1 is not None or args.lambda_p2 is not None):
         raise UserError("--dose match sets lambda_p1 and lambda_p2 of a Mistill run itself; give neither")
     student_key = args.student or "student_qwen"
@@ -266,8 +266,8 @@ def register(subparsers) -> None:
     p.add_argument("--k", type=int, help="pool size (default: params distill.pool_k.student)")
     p.add_argument("--lr", type=float)
     p.add_argument("--max-steps", type=int, help="stop after this many optimiser steps (resumable)")
-    p.add_argument("--variant", help="a variant of the Mistill recipe (params distill.variants.arms): its student, "
-                                     "seed, precision and switches; run under distill.variants.dir")
+    p.add_argument("--variant", help="a variant of the Mistill recipe (params variants.arms): its student, "
+                                     "seed, precision and switches; run under variants.dir")
     p.add_argument("--out", help="run directory (default: <runs_dir>/DT-00x/student-<label>-<arm>-<precision>-s<seed>)")
     p.set_defaults(func=cmd_train)
 

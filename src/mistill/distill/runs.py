@@ -6,7 +6,7 @@
 the model's id or directory, so a run is named the same whichever checkpoint the profile loads.
 The campaign is the paper's artifact name: DT-001 for Mistill, DT-000 for the baselines.
 
-A variant of the Mistill recipe (params `distill.variants.arms`: the no-window arm of R-D25, ...)
+A variant of the Mistill recipe (params `variants.arms`: the no-window arm of R-D25, ...)
 is named like an arm, by its entry's name, under the variants' own directory:
 
     <variants.dir>/DT-001/student-<label>-<variant>-<precision>-s<seed>
@@ -43,18 +43,18 @@ def run_dir(runs_dir: str | Path, student_key: str, arm: str, precision: str, se
     return Path(runs_dir) / campaign(arm) / run_name(student_key, arm, precision, seed)
 
 
-def variant(distill: dict, name: str) -> dict:
-    """One entry of params `distill.variants.arms`, checked: its student, seed and precision (which name
+def variant(variants: dict, name: str) -> dict:
+    """One entry of params `variants.arms` (the section given), checked: its student, seed and precision (which name
     its run) and the recipe switches it changes."""
-    arms = ((distill.get("variants") or {}).get("arms")) or {}
+    arms = (variants or {}).get("arms") or {}
     if name not in arms:
-        raise UserError(f"unknown recipe variant {name!r}; params distill.variants.arms names "
+        raise UserError(f"unknown recipe variant {name!r}; params variants.arms names "
                         f"{', '.join(sorted(arms)) or 'none'}")
     entry = dict(arms[name])
     missing = [k for k in VARIANT_IDENTITY if k not in entry]
     unknown = sorted(set(entry) - set(VARIANT_IDENTITY) - set(VARIANT_SWITCHES))
     if missing or unknown:
-        raise UserError(f"params distill.variants.arms.{name}: "
+        raise UserError(f"params variants.arms.{name}: "
                         + "; ".join([f"missing {', '.join(missing)}"] * bool(missing)
                                     + [f"unknown switches {', '.join(unknown)} (known: "
                                        f"{', '.join(VARIANT_SWITCHES)})"] * bool(unknown)))

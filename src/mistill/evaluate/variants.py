@@ -1,7 +1,7 @@
 """A recipe variant read beside the main arms at its own seed (App. M, Table 51; readers R-D24, R-D25).
 
-A variant (params `distill.variants.arms.<name>`) is trained, evaluated and read by the own-heads chain
-under `distill.variants.dir`; the main arms it is compared with (Mistill and fp32 Vanilla CoT-KD of the
+A variant (params `variants.arms.<name>`) is trained, evaluated and read by the own-heads chain
+under `variants.dir`; the main arms it is compared with (Mistill and fp32 Vanilla CoT-KD of the
 same student) live under the artifacts root with the labels of `evaluate.own_heads.arms`.  Everything is
 read at the variant's seed, so a comparison is seed-matched by construction.
 
@@ -20,11 +20,13 @@ from mistill.distill.runs import variant, variant_label, variant_run_dir
 from mistill.errors import UserError
 from mistill.evaluate.compare import arm_values, clustered, seed_dirs, seed_medians
 from mistill.evaluate.own_heads import OwnHeadsConfig
-from mistill.evaluate.readout import FAMILIES, ArmSeed, arm_labels, eval_root, load_arm, value
+from mistill.evaluate.readout import (FAMILIES, ArmSeed, arm_labels, eval_root, load_arm, minus_reference, test_notes,
+                                      value)
 from mistill.io import read_json
 from mistill.stats import StatsParams
 
-REFERENCES = {"mistill": "mistill", "vanilla": "vanilla_fp32"}   # what a variant is compared with
+REFERENCES = {"mistill": "mistill", "vanilla": "vanilla_fp32", "untrained": "untrained"}   # what a variant is
+                                                                                  # compared with
 
 
 @dataclass
@@ -33,6 +35,7 @@ class VariantReadout:
 
     name: str
     params: dict
+    others: tuple[str, ...] = ()   # other variants of the same student and seed, read as arms of their names
     entry: dict = field(init=False)
     seed: int = field(init=False)
     arms: dict[str, tuple[Path, str]] = field(init=False)   # "variant" | reference -> (artifacts root, label)
@@ -41,21 +44,27 @@ class VariantReadout:
     inputs: list[Path] = field(init=False, default_factory=list)
 
     def __post_init__(self):
-        distill = self.params["distill"]
-        self.entry = variant(distill, self.name)
+        self.entry = variant(self.params.get("variants") or {}, self.name)
         self.seed = int(self.entry["seed"])
         family = FAMILIES.get(self.entry["student"])
         labels = arm_labels(self.params)
         rows = {ref: f"{family}_{row}" for ref, row in REFERENCES.items()}
         missing = [row for row in rows.values() if row not in labels]
         if family is None or missing:
-            raise UserError(f"params distill.variants.arms.{self.name}: student {self.entry['student']!r} has no "
+            raise UserError(f"params variants.arms.{self.name}: student {self.entry['student']!r} has no "
                             f"{', '.join(missing) or 'Table 3'} row in evaluate.own_heads.arms")
         self.cfg = OwnHeadsConfig.from_params(self.params)
         self.stats = StatsParams.from_params(self.params)
         root = Path(self.cfg.artifacts)
-        self.arms = {"variant": (Path(distill["variants"]["dir"]), variant_label(self.name, self.entry)),
+        variants_dir = Path(self.params["variants"]["dir"])
+        self.arms = {"variant": (variants_dir, variant_label(self.name, self.entry)),
                      **{ref: (root, labels[row]) for ref, row in rows.items()}}
+        for other in self.others:
+            entry = variant(self.params["variants"], other)
+            if (entry["student"], int(entry["seed"])) != (self.entry["student"], self.seed):
+                raise UserError(f"params variants.arms.{other}: student {entry['student']} seed {entry['seed']}; "
+                                f"{self.name} is read at student {self.entry['student']} seed {self.seed}")
+            self.arms[other] = (variants_dir, variant_label(other, entry))
 
     # -- where things are ------------------------------------------------------------------------------
     @property
@@ -112,16 +121,23 @@ class VariantReadout:
         return value(self.micro_f1(arm), f"corpus micro-F1 on the test notes, seed {self.seed}",
                      f"{self.evaluation(arm).path}/task.json")
 
+    def f1_versus_values(self, key: str, what: str, reference: str, arm: str = "variant") -> dict[str, dict]:
+        """`key`: `arm` minus `reference`, the mean per-note F1 difference on the test notes at the variant's seed,
+        and `<key>_interval`, its percentile bootstrap interval (`readout.minus_reference`)."""
+        a, r = self.evaluation(arm), self.evaluation(reference)
+        self.inputs.append(Path(self.params["evaluate"]["test_notes"]))
+        return minus_reference(key, {self.seed: a}, {self.seed: r}, test_notes(self.params), self.stats, what)
+
     def paired_values(self, key: str, what: str, reference: str, phase: str = "P2C", k: int | None = None, *,
-                      interval: bool = True) -> dict[str, dict]:
-        """`key`: the variant minus `reference` per note (note-clustered mean, with the notes higher and lower and
-        the sign and Wilcoxon p-values in its statistic), and `<key>_interval`, its bootstrap interval; `what`
-        names the difference ("uniform minus Mistill")."""
+                      interval: bool = True, arm: str = "variant") -> dict[str, dict]:
+        """`key`: `arm` (the variant unless named) minus `reference` per note (note-clustered mean, with the notes
+        higher and lower and the sign and Wilcoxon p-values in its statistic), and `<key>_interval`, its bootstrap
+        interval; `what` names the difference ("uniform minus Mistill")."""
         kk = k or self.k
-        c = self.versus("variant", reference, phase, kk)
+        c = self.versus(arm, reference, phase, kk)
         if c is None:
             return {}
-        art = f"{self.where('variant')} vs {self.where(reference)}"
+        art = f"{self.where(arm)} vs {self.where(reference)}"
         out = {key: value(c["mean_difference"], f"mean over notes of the per-note difference, {what} (own top-{kk} "
                           f"{phase} recovery, seed {self.seed}); {c['notes_higher']} higher / {c['notes_lower']} lower "
                           f"of {c['n_notes']}, sign p {c['sign_p']:.3g}, Wilcoxon p {c['wilcoxon_p']:.3g}", art)}
@@ -140,7 +156,7 @@ class VariantReadout:
     # -- evaluation and training run -------------------------------------------------------------------
     def evaluation(self, arm: str) -> ArmSeed:
         root, label = self.arms[arm]
-        evals = root / "DT-eval" if arm == "variant" else eval_root(self.params)
+        evals = root / "DT-eval" if root == self.arms["variant"][0] else eval_root(self.params)
         run = load_arm(evals, label).get(self.seed)
         if run is None:
             raise UserError(f"{evals}/{label}-s{self.seed}: not evaluated; run its evaluation stage")
@@ -166,7 +182,7 @@ class VariantReadout:
 
     @property
     def run_config_path(self) -> Path:
-        return variant_run_dir(self.params["distill"]["variants"]["dir"], self.name, self.entry) / "config.json"
+        return variant_run_dir(self.params["variants"]["dir"], self.name, self.entry) / "config.json"
 
     def run_config(self) -> dict:
         """The variant's training run config (config.json: its arm, with the λ it trained with)."""

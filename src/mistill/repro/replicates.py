@@ -148,10 +148,12 @@ def replicate_params(data: dict[str, Any], rep: Replicate) -> dict[str, Any]:
     if rep.threads is not None:
         active["models"]["threads"] = rep.threads
     if rep.train_seed is not None:
+        base = int(active["distill"]["seeds"][0])
         active["distill"]["seeds"] = [rep.train_seed]
-        # a recipe variant is read beside Mistill at its own seed (R-D25), so it moves with the arms
-        for entry in ((active["distill"].get("variants") or {}).get("arms") or {}).values():
-            entry["seed"] = rep.train_seed
+        # a recipe variant is read beside Mistill at its own seed (R-D25), so it moves with the arms, keeping
+        # its offset from the first seed (R-D14's RandHeads at seed 1)
+        for entry in ((active.get("variants") or {}).get("arms") or {}).values():
+            entry["seed"] = rep.train_seed + int(entry["seed"]) - base
     return data
 
 
