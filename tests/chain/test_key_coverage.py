@@ -530,6 +530,161 @@ def test_r_d25_no_window_against_mistill_and_vanilla_by_hand(tmp_path):
         reader("R-D25").compute_values(params)
 
 
+def test_r_d14_ablations_by_hand(tmp_path):
+    """The five ablation variants at seed 0, Mistill and the untrained student: recoveries and answers set by
+    hand; the paired differences against numpy and scipy, the F1 differences against per-note F1 by hand."""
+    from scipy.stats import binomtest
+
+    from mistill.distill.runs import variant_label
+    from tests.chain.test_readers import GOLD, write_arm
+
+    params = copy.deepcopy(PAPER_PARAMS)
+    params["paths"] = {"artifacts": str(tmp_path), "results": str(tmp_path / "results")}
+    params["stats"]["bootstrap_resamples"] = 200
+    params["variants"]["dir"] = str(tmp_path / "variants")
+    write_jsonl(tmp_path / "dt_test.jsonl", [{"note_id": n, "patient_id": f"p{n}", "text": "x", "gold_codes": g,
+                                              "split": "test"} for n, g in GOLD.items()])
+    params["evaluate"]["test_notes"] = str(tmp_path / "dt_test.jsonl")
+    section, arms = params["evaluate"]["own_heads"], params["variants"]["arms"]
+    k, k8, notes = max(section["bins"]), min(section["bins"]), [f"n{i}" for i in range(8)]
+    names = ("p1only", "p2only", "attnonly", "interonly", "lam003")
+    where = {name: (tmp_path / "variants", variant_label(name, arms[name])) for name in names}
+    where |= {"mistill": (tmp_path, section["arms"]["qwen_mistill"]),
+              "untrained": (tmp_path, section["arms"]["qwen_untrained"])}
+    rng = np.random.default_rng(14)
+    recovery = {arm: {("P2C", kk): rng.uniform(0.3, 0.9, len(notes)) for kk in (k, k8)} for arm in where}
+    step = np.array([0.05, 0.04, 0.03, 0.02, 0.01, 0.02, -0.01, 0.03])
+    recovery["p2only"][("P2C", k)] = recovery["p1only"][("P2C", k)] + step          # 7 higher, 1 lower
+    recovery["attnonly"][("P2C", k)] = recovery["interonly"][("P2C", k)] - step     # 1 higher, 7 lower
+    _own_heads_by_hand(where, 0, notes, recovery, {arm: np.ones(len(notes)) for arm in where}, section["bins"], "P2C")
+    # answers: Mistill exact on every note; P1-only misses n3's second code and answers n4 wrongly
+    for name in (*names, "mistill"):
+        preds = {n: list(g) for n, g in GOLD.items()}
+        if name == "p1only":
+            preds |= {"n3": ["D00.0"], "n4": ["Z99.9"]}
+        write_arm(where[name][0], where[name][1], 0, preds)
+    write_arm(tmp_path / "variants", variant_label("randheads1", arms["randheads1"]), arms["randheads1"]["seed"],
+              {n: (GOLD[n] if n != "n2" else []) for n in GOLD})
+    values, v = _read_by_hand("R-D14", params)
+    assert v["qwen_p1only_own_p2c"] == pytest.approx(np.median(recovery["p1only"][("P2C", k)]))
+    assert v["qwen_lambda_003_003_own_p2c"] == pytest.approx(np.median(recovery["lam003"][("P2C", k)]))
+    assert v["qwen_attnonly_own_p2c_k8"] == pytest.approx(np.median(recovery["attnonly"][("P2C", k8)]))
+    assert v["untrained_own_p2c"] == pytest.approx(np.median(recovery["untrained"][("P2C", k)]))
+    assert v["p2only_minus_p1only"] == pytest.approx(step.mean())
+    assert "7 higher / 1 lower of 8" in values["p2only_minus_p1only"]["statistic"]
+    for name in ("p2only", "attnonly", "interonly"):
+        assert v[f"{name}_minus_untrained"] == pytest.approx(np.mean(recovery[name][("P2C", k)]
+                                                                     - recovery["untrained"][("P2C", k)]))
+    assert v["attnonly_minus_interonly"] == pytest.approx(-step.mean())
+    assert v["attnonly_vs_interonly_p"] == pytest.approx(binomtest(1, 8).pvalue)
+    # per-note F1 of P1-only: n3 2/3 (one of two codes), n4 0; every other note 1 -> mean difference -(1/3 + 1) / 4
+    assert v["p1only_minus_mistill_f1"] == pytest.approx(-(1 / 3 + 1) / 4)
+    assert v["p2only_minus_mistill_f1"] == 0.0 and v["p2only_minus_mistill_f1_interval"] == [0.0, 0.0]
+    assert v["qwen_p2only_microf1"] == 1.0 and v["qwen_p1only_microf1"] == pytest.approx(2 * 4 / (2 * 4 + 1 + 2))
+    assert v["qwen_randheads_seed1_microf1"] == pytest.approx(2 * 5 / (2 * 5 + 1))   # n2's one code missed
+    # another variant is read at the first one's student and seed, or not at all
+    params["variants"]["arms"]["lam003"]["seed"] = 1
+    with pytest.raises(UserError, match="lam003"):
+        reader("R-D14").compute_values(params)
+
+
+def test_r_d13_head_pool_controls_by_hand(tmp_path):
+    """Bottom, k8, k100 and RandHeads pools of both students beside Mistill and the untrained student: recoveries,
+    lifts, prefix shares, head rankings, pools and answers set by hand."""
+    from mistill.distill.runs import variant_label, variant_run_dir
+    from tests.chain.test_readers import GOLD, write_arm
+
+    params = copy.deepcopy(PAPER_PARAMS)
+    params["paths"] = {"artifacts": str(tmp_path), "results": str(tmp_path / "results")}
+    params["stats"]["bootstrap_resamples"] = 200
+    params["variants"]["dir"] = str(tmp_path / "variants")
+    write_jsonl(tmp_path / "dt_test.jsonl", [{"note_id": n, "patient_id": f"p{n}", "text": "x", "gold_codes": g,
+                                              "split": "test"} for n, g in GOLD.items()])
+    params["evaluate"]["test_notes"] = str(tmp_path / "dt_test.jsonl")
+    section, arms = params["evaluate"]["own_heads"], params["variants"]["arms"]
+    k, k8, notes = max(section["bins"]), min(section["bins"]), [f"n{i}" for i in range(6)]
+    rng = np.random.default_rng(13)
+    main = {"qwen_mistill": 0, "qwen_untrained": 0, "smollm_mistill": 0, "smollm_untrained": 0}
+    where = {name: ((tmp_path / "variants", variant_label(name, arms[name])), int(arms[name]["seed"]))
+             for name in ("bottom", "k8", "k100", "randheads", "smolbottom", "smolbottom1", "smolk8", "smolrandheads")}
+    where |= {row: ((tmp_path, section["arms"][row]), seed) for row, seed in main.items()}
+    where["smollm_mistill1"] = ((tmp_path, section["arms"]["smollm_mistill"]), 1)
+    recovery = {arm: {(ph, kk): rng.uniform(0.2, 0.9, len(notes)) for ph in ("P2", "P2C") for kk in (k, k8)}
+                for arm in where}
+    recovery["bottom"][("P2C", k)] = recovery["qwen_untrained"][("P2C", k)] - np.array([.1, .1, .1, .1, -.1, .1])
+    recovery["smolk8"][("P2C", k)] = recovery["smolrandheads"][("P2C", k)] + 0.05
+    lifts = {arm: rng.uniform(1.0, 4.0, len(notes)) for arm in where}
+    prefix = {arm: float(x) for arm, x in zip(where, rng.uniform(0.1, 0.5, len(where)))}
+    for arm, (root_label, seed) in where.items():
+        _own_heads_by_hand({arm: root_label}, seed, notes, recovery, lifts, section["bins"], "P2C")
+        readside = arm_dirs(*root_label, seed)[1] / "readside.json"
+        body = json.loads(readside.read_text())
+        body["phases"]["P2C"]["top"] = {"share_prefix": prefix[arm]}
+        write_json(readside, body)
+    # head rankings: 4 layers x 4 heads (the paper profile's k40 ranks 40 of 144 here, 12 x 12)
+    n_layers = n_heads = 12
+    ic = {arm: rng.normal(size=n_layers * n_heads) for arm in where}
+    for arm, ((root, label), seed) in where.items():
+        order = np.argsort(-ic[arm], kind="stable")
+        write_json(arm_dirs(root, label, seed)[0] / "head_sets_contrast.json", {
+            "n_layers": n_layers, "n_heads": n_heads, "phases": {p: [
+                {"layer": int(h) // n_heads, "head": int(h) % n_heads, "ic": float(ic[arm][h])} for h in order]
+                for p in ("P1", "P2", "P2C")}})
+    # the bottom pools: the untrained student's most negative heads (as mistill.distill.pools builds them)
+    for name, untrained in (("bottom", "qwen_untrained"), ("smolbottom", "smollm_untrained")):
+        pool = [divmod(int(h), n_heads) for h in np.argsort(ic[untrained], kind="stable")[:k]]
+        write_json(variant_run_dir(params["variants"]["dir"], name, arms[name]) / "config.json",
+                   {"pools": {p: {"heads": [list(h) for h in pool]} for p in ("P1", "P2", "P2C")}})
+    write_arm(tmp_path / "variants", where["bottom"][0][1], 0, {n: list(g) for n, g in GOLD.items()})
+    write_arm(tmp_path / "variants", where["smolbottom"][0][1], 0, {n: list(g) for n, g in GOLD.items()})
+    write_arm(tmp_path / "variants", where["smolbottom1"][0][1], 1, {n: (GOLD[n] if n != "n2" else []) for n in GOLD})
+    write_arm(tmp_path / "variants", where["smolk8"][0][1], 0, {n: (GOLD[n] if n != "n4" else []) for n in GOLD})
+    write_arm(tmp_path, section["arms"]["smollm_mistill"], 0, {n: list(g) for n, g in GOLD.items()})
+    values, v = _read_by_hand("R-D13", params)
+
+    med = lambda arm, ph="P2C", kk=k: pytest.approx(np.median(recovery[arm][(ph, kk)]))
+    assert v["qwen_bottom40_own_p2c"] == med("bottom") and v["qwen_k100_own_p2c"] == med("k100")
+    assert v["smollm_bottom40_own_p2c_seeds"] == [med("smolbottom"), med("smolbottom1")]
+    assert v["qwen_bottom40_lower_than_untrained_notes"] == 5
+    assert v["smollm_k8_minus_randheads"] == pytest.approx(0.05)
+    assert "6 higher / 0 lower of 6" in values["smollm_k8_minus_randheads"]["statistic"]
+    rh = recovery["smolrandheads"][("P2C", k)]
+    assert v["smollm_bottom40_minus_randheads"] == pytest.approx(
+        [np.mean(recovery[b][("P2C", k)] - rh) for b in ("smolbottom", "smolbottom1")])
+    assert v["smollm_k8_minus_bottom40"] == pytest.approx(
+        [np.mean(recovery["smolk8"][("P2C", k)] - recovery[b][("P2C", k)]) for b in ("smolbottom", "smolbottom1")])
+    assert v["smollm_p2_bottom40_k8_mistill"] == [med(a, "P2") for a in ("smolbottom", "smolbottom1", "smolk8",
+                                                                         "smollm_mistill", "smollm_mistill1")]
+    assert v["qwen_p2_k100_randheads_bottom_mistill_untrained"] == [
+        med(a, "P2") for a in ("k100", "randheads", "bottom", "qwen_mistill", "qwen_untrained")]
+    assert v["qwen_top8_concentration_bottom40_vs_mistill"] == pytest.approx(
+        [np.mean(recovery[a][("P2C", k8)]) for a in ("bottom", "qwen_mistill")])
+    assert v["smollm_top8_concentration_bottom40_mistill_k8"] == pytest.approx(
+        [np.mean(recovery[a][("P2C", k8)]) for a in ("smolbottom", "smolbottom1", "smollm_mistill", "smollm_mistill1",
+                                                    "smolk8")])
+    top = lambda arm: set(np.argsort(-ic[arm], kind="stable")[:k].tolist())
+    shared = [len(top(a) & top(u)) for a, u in (("bottom", "qwen_untrained"), ("k8", "qwen_untrained"),
+                                                ("k100", "qwen_untrained"), ("randheads", "qwen_untrained"),
+                                                ("qwen_mistill", "qwen_untrained"), ("smolbottom", "smollm_untrained"),
+                                                ("smolk8", "smollm_untrained"), ("smolrandheads", "smollm_untrained"),
+                                                ("smollm_mistill", "smollm_untrained"),
+                                                ("smolbottom1", "smollm_untrained"))]
+    assert v["carriers_shared_with_untrained_top40"] == [min(shared), max(shared)]
+    bottom_pool = set(np.argsort(ic["smollm_untrained"], kind="stable")[:k].tolist())
+    assert v["bottom40_supervised_heads_in_own_top40"] == [len(bottom_pool & top("smolbottom"))] * 3
+    for family, untrained in (("smollm", "smollm_untrained"), ("qwen", "qwen_untrained")):
+        ranked = np.sort(ic[untrained])
+        assert v[f"{family}_bottom40_importance_sum"] == pytest.approx(ranked[:k].sum())
+        assert v[f"{family}_top40_importance_sum"] == pytest.approx(ranked[::-1][:k].sum())
+    assert v["smollm_m2_k8_mistill_bottom40"] == pytest.approx(
+        [np.median(lifts[a]) for a in ("smolk8", "smollm_mistill", "smolbottom")])
+    assert v["smollm_prefix_bottom40_randheads_k8_mistill"] == pytest.approx(
+        [prefix[a] for a in ("smolbottom", "smolrandheads", "smolk8", "smollm_mistill")])
+    assert v["smollm_bottom40_task"] == pytest.approx((1.0 + 2 * 5 / 11) / 2)   # seed 1 misses n2's one code
+    assert v["smollm_k8_minus_mistill_f1"] == pytest.approx(-1 / 4)              # n4 answered with nothing
+    assert v["qwen_bottom40_task"] == 1.0
+
+
 def test_r_d16_writes_the_paper_keys_on_three_paper_shaped_reads(tmp_path):
     """The arm's chain, its gate and its second read, each with paper-sized bins and a 36 x 32 head ranking."""
     params = copy.deepcopy(PAPER_PARAMS)

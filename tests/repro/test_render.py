@@ -23,7 +23,7 @@ TABLE_IDS = {"table1": ["R-C3"],
              "table6": ["R-C1"], "table7": ["R-C1"], "table8": ["R-C2"], "table10": ["R-C3"], "table11": ["R-C4"],
              "table13": ["R-C4"], "table14": ["R-C3"], "table25": ["R-C13"],
              "table26": ["R-C6"], "table27": ["R-C6"], "table29": ["R-C6"], "table30": ["R-C6"], "table32": ["R-C6"],
-             "table33": ["R-C6"], "table31": ["R-C12"], "table4": ["R-C14"], "table51": ["R-D24", "R-D25", "R-D5"],
+             "table33": ["R-C6"], "table31": ["R-C12"], "table4": ["R-C14"], "table51": ["R-D13", "R-D14", "R-D24", "R-D25", "R-D5"],
              "table45": ["R-D1", "R-D2", "R-D5", "R-D6", "R-D12", "R-D15", "R-D17", "R-D18", "R-D30"],
              "table46": ["R-D1", "R-D2", "R-D3", "R-D4", "R-D5", "R-D17"]}
 # Tables whose every cell this file's fixture fills (the others have their own tests: tests/repro/test_tables_*.py)
@@ -83,6 +83,11 @@ def results(registry, tmp_path):
                  "mistill_s0_m1_p2c": 0.802, "uniform_vs_mistill_s0_p2c_interval": [0.03, 0.06]}
     write_fixture(d, "R-D24", {**paper_values(registry, "R-D24"),
                                **{k: {"value": x, "statistic": "share", "artifact": "fixture"} for k, x in reference.items()}})
+    # Table 51's ablation footnotes: the F1 differences against Mistill are the paper's prose; the untrained row is R-D7's
+    ablation = {"p1only_minus_mistill_f1": -0.022, "p2only_minus_mistill_f1": 0.004, "attnonly_minus_mistill_f1": -0.019,
+                "interonly_minus_mistill_f1": 0.010, "lambda_003_003_minus_mistill_f1": -0.002, "untrained_own_p2c": 0.788}
+    write_fixture(d, "R-D14", {**paper_values(registry, "R-D14"),
+                               **{k: {"value": x, "statistic": "share", "artifact": "fixture"} for k, x in ablation.items()}})
     # Table 38's Qwen3-4B row and the students' second denominator are the reader's own keys
     qwen = {"qwen_event_coverage_p1": 100.0, "qwen_event_coverage_p2": 61.0, "qwen_event_coverage_p2c": 80.0,
             "qwen_realized_events": 47000, "qwen_per_note_coverage_median": 0.8,

@@ -29,6 +29,12 @@ REFERENCES = {"mistill": "mistill", "vanilla": "vanilla_fp32", "untrained": "unt
                                                                                   # compared with
 
 
+def across(arm: dict[str, float], reference: dict[str, float], stats: StatsParams) -> dict | None:
+    """`arm` minus `reference` per note when the two were read at different seeds (one run each): the
+    note-clustered comparison of `compare.clustered` on a single pair."""
+    return clustered({0: arm}, {0: reference}, stats)
+
+
 @dataclass
 class VariantReadout:
     """The variant `name` and its references (Mistill, fp32 Vanilla CoT-KD) at the variant's seed."""
@@ -146,6 +152,52 @@ class VariantReadout:
                 [c["ci_low"], c["ci_high"]], f"{c['confidence']:.0%} note-bootstrap interval of that mean difference "
                 f"({self.stats.bootstrap_resamples} resamples, seed {self.stats.bootstrap_seed})", art)
         return out
+
+    def notes_of(self, arm: str, phase: str, k: int | None = None) -> dict[str, float]:
+        """{note: mean recovery of the arm's own top-k at the phase} at the variant's seed, for comparisons across
+        readouts of different seeds (`across`)."""
+        return self.recovery(arm, phase, k or self.k)[self.seed]
+
+    def mean_recovery(self, arm: str, phase: str, k: int | None = None) -> float:
+        """Mean over test notes of the own top-k recovery (App. M.3's concentration at the smallest k)."""
+        return statistics.fmean(self.notes_of(arm, phase, k or self.k_small).values())
+
+    def prefix_share(self, arm: str, phase: str = "P2C") -> float | None:
+        """The emitted-prefix share of attention of the own top read-side heads at the phase (readside.json)."""
+        path = Path(self.where(arm)) / "readside.json"
+        if not path.is_file():
+            raise UserError(f"{path}: no read-side summary; run the arm's own-heads chain")
+        self.inputs.append(path)
+        return read_json(path, "read-side summary")["phases"].get(phase, {}).get("top", {}).get("share_prefix")
+
+    # -- which heads -----------------------------------------------------------------------------------
+    def hd_dir(self, arm: str) -> Path:
+        """The arm's own head ranking (HD-S).  The untrained student has no training seed: its one ranking is
+        the seed-0 pass every run's pools are built from (params distill.student_head_sets)."""
+        root, label = self.arms[arm]
+        return root / "HD-S" / f"{label}-s{0 if arm == 'untrained' else self.seed}"
+
+    def own_top(self, arm: str, k: int | None = None) -> dict[str, frozenset[int]]:
+        """phase -> the arm's own top-k heads by I_c (flat index layer * n_heads + head)."""
+        from mistill.evaluate.reread import top_k_sets
+
+        path = self.hd_dir(arm)
+        if not (path / "head_sets_contrast.json").is_file():
+            raise UserError(f"{path}/head_sets_contrast.json: no own head ranking; run the arm's own-heads chain")
+        self.inputs.append(path / "head_sets_contrast.json")
+        return top_k_sets(path, k or self.k)
+
+    def ranking(self, arm: str) -> dict:
+        """The arm's head_sets_contrast.json (n_layers, n_heads, phases: heads ranked by I_c)."""
+        from mistill.distill.pools import load_head_sets
+
+        path = self.hd_dir(arm) / "head_sets_contrast.json"
+        self.inputs.append(path)
+        return load_head_sets(path)
+
+    def supervised(self) -> dict[str, list[tuple[int, int]]]:
+        """phase -> the (layer, head) pool the variant's loss supervised (its run config)."""
+        return {phase: [tuple(h) for h in pool["heads"]] for phase, pool in self.run_config().get("pools", {}).items()}
 
     def m2_lift(self, arm: str, phase: str) -> float | None:
         """Median over test notes of the M2 region lift of the own top read-side heads at the phase."""
