@@ -685,6 +685,51 @@ def test_r_d13_head_pool_controls_by_hand(tmp_path):
     assert v["qwen_bottom40_task"] == 1.0
 
 
+def test_r_d7_position_and_head_controls_by_hand(tmp_path):
+    """RandPos, RandHeads and RandBoth beside Mistill and the untrained student: recoveries, lifts and prefix
+    shares set by hand; the paired differences against numpy and scipy."""
+    from scipy.stats import binomtest
+
+    from mistill.distill.runs import variant_label
+
+    params = copy.deepcopy(PAPER_PARAMS)
+    params["paths"] = {"artifacts": str(tmp_path), "results": str(tmp_path / "results")}
+    params["stats"]["bootstrap_resamples"] = 200
+    params["variants"]["dir"] = str(tmp_path / "variants")
+    section, arms = params["evaluate"]["own_heads"], params["variants"]["arms"]
+    k, notes = max(section["bins"]), [f"n{i}" for i in range(7)]
+    where = {name: (tmp_path / "variants", variant_label(name, arms[name]))
+             for name in ("randpos", "randheads", "randboth", "smolrandpos", "smolrandheads")}
+    where |= {row: (tmp_path, section["arms"][row]) for row in ("qwen_mistill", "qwen_untrained", "smollm_mistill",
+                                                               "smollm_untrained")}
+    rng = np.random.default_rng(7)
+    recovery = {arm: {(ph, k): rng.uniform(0.3, 0.9, len(notes)) for ph in ("P2", "P2C")} for arm in where}
+    recovery["randpos"][("P2C", k)] = recovery["qwen_untrained"][("P2C", k)] - 0.1       # below on every note
+    recovery["randboth"][("P2C", k)] = recovery["randpos"][("P2C", k)] + np.linspace(0.1, 0.3, len(notes))
+    lifts = {arm: rng.uniform(1.0, 4.0, len(notes)) for arm in where}
+    _own_heads_by_hand(where, 0, notes, recovery, lifts, section["bins"], "P2C")
+    prefix = {"randboth": 0.139, "qwen_untrained": 0.185}
+    for arm, share in prefix.items():
+        readside = arm_dirs(*where[arm], 0)[1] / "readside.json"
+        body = json.loads(readside.read_text())
+        body["phases"]["P2C"]["top"] = {"share_prefix": share}
+        write_json(readside, body)
+    values, v = _read_by_hand("R-D7", params)
+    med = lambda arm, ph="P2C": pytest.approx(np.median(recovery[arm][(ph, k)]))
+    assert (v["qwen_randpos_own_p2c"], v["smollm_randpos_own_p2c"]) == (med("randpos"), med("smolrandpos"))
+    assert v["qwen_randheads_own_p2"] == med("randheads", "P2")
+    assert v["smollm_mistill_s0_own_p2c"] == med("smollm_mistill")
+    assert v["qwen_randpos_minus_untrained"] == pytest.approx(-0.1)
+    assert f"sign p {binomtest(0, 7).pvalue:.3g}" in values["qwen_randpos_minus_untrained"]["statistic"]
+    assert v["randboth_minus_randpos"] == pytest.approx(0.2)
+    assert "7 higher / 0 lower of 7" in values["randboth_minus_randpos"]["statistic"]
+    assert v["randboth_minus_randheads"] == pytest.approx(np.mean(recovery["randboth"][("P2C", k)]
+                                                                  - recovery["randheads"][("P2C", k)]))
+    assert v["qwen_randboth_m2_lift_p2c"] == pytest.approx(np.median(lifts["randboth"]))
+    assert v["smollm_randpos_m2_lift_p2c"] == pytest.approx(np.median(lifts["smolrandpos"]))
+    assert (v["qwen_randboth_prefix_share"], v["qwen_untrained_prefix_share"]) == (0.139, 0.185)
+
+
 def test_r_d16_writes_the_paper_keys_on_three_paper_shaped_reads(tmp_path):
     """The arm's chain, its gate and its second read, each with paper-sized bins and a 36 x 32 head ranking."""
     params = copy.deepcopy(PAPER_PARAMS)

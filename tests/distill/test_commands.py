@@ -113,6 +113,30 @@ def test_a_recipe_variant_trains_its_switches_under_the_variants_directory(proje
     assert not (project / "runs").exists()
 
 
+def test_a_randpos_variant_trains_on_its_own_targets_at_moved_positions(project):
+    """`positions: random` (RandPos, App. M.1): the run computes its own targets inside its directory, on the
+    notes of the event targets, with the events moved by its training seed; the event targets stay as they were."""
+    from mistill.distill.targets import read_note_targets
+
+    params = yaml.safe_load((project / "params.yaml").read_text())
+    params["demo"]["variants"] = {"dir": "variants", "arms": {
+        "randpos": {"student": "qwen", "seed": 2, "precision": "bf16", "positions": "random"}}}
+    (project / "params.yaml").write_text(yaml.safe_dump(params))
+    assert main(["distill", "targets"]) == 0
+    before = {p.name: p.read_bytes() for p in (project / "targets").iterdir()}
+    assert main(["distill", "train", "--arm", "mistill", "--variant", "randpos"]) == 0
+    run = project / "variants" / "DT-001" / "student-qwen-randpos-bf16-s2"
+    manifest = json.loads((run / "targets" / "manifest.json").read_text())
+    assert manifest["positions"] == {"rule": "random", "seed": 2} and manifest["notes"] == ["a", "b"]
+    moved, _ = read_note_targets(run / "targets" / "a.npz")
+    events, _ = read_note_targets(project / "targets" / "a.npz")
+    assert [e["kind"] for e in moved["events"]] == [e["kind"] for e in events["events"]]
+    assert all(e["moved_from"] == o["pos"] and e["pos"] != o["pos"]
+               for e, o in zip(moved["events"], events["events"]))
+    assert json.loads((run / "config.json").read_text())["targets"] == str(run.relative_to(project) / "targets")
+    assert {p.name: p.read_bytes() for p in (project / "targets").iterdir()} == before
+
+
 def test_a_dose_matched_variant_starts_with_mistills_extra_loss(project):
     """`dose: match` (App. M.1): a variant equal to Mistill gets Mistill's own λ back; the uniform-heads,
     attention-only variant gets the λ at which its first step adds exactly Mistill's first-step extra loss."""

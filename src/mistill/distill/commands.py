@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import argparse
 from pathlib import Path
 
+from mistill.distill.runs import POSITION_RULES
 from mistill.errors import UserError
 
 
@@ -45,15 +47,25 @@ def prose_pool(cfg: dict, k: int, path: str | None = None):
 
 
 def cmd_targets(args) -> int:
+    params = _params()
+    out = Path(args.out or params["distill"]["targets_dir"])
+    manifest = teacher_targets(params, args, out, positions=args.positions, position_seed=args.position_seed)
+    print(f"teacher targets: {len(manifest['notes'])} notes, {len(manifest['skipped'])} skipped -> {out}")
+    return 0
+
+
+def teacher_targets(params: dict, args, out: Path, *, positions: str = "events", position_seed: int = 0,
+                    note_ids: set[str] | None = None) -> dict:
+    """The teacher's targets for the training notes (or `note_ids`) into `out` (App. I.5); `args` may override
+    the teacher, its head sets, the prose sets, traces, notes and events directory (None: params distill)."""
     import torch
 
     from mistill.distill import pools as pl
     from mistill.distill.targets import compute_targets
-    from mistill.io import provenance
+    from mistill.io import provenance, read_json
     from mistill.models.fingerprint import model_fingerprint
     from mistill.models.loading import ModelSpec, load_model, resolve_device, set_threads
 
-    params = _params()
     cfg = params["distill"]
     set_threads(params["models"])
     torch.manual_seed(0)
@@ -61,21 +73,19 @@ def cmd_targets(args) -> int:
     # the teacher as it ran the traces (dtype, YaRN, revision); sdpa: the same function as eager, no T x T weights
     teacher = ModelSpec.from_params(params["models"], teacher_spec, base="teacher", attn_implementation="sdpa")
     model, tokenizer = load_model(teacher, device=resolve_device(params["models"].get("device")))
-    head_sets = pl.load_head_sets(args.head_sets or cfg["teacher_head_sets"])
+    head_sets = pl.load_head_sets(getattr(args, "head_sets", None) or cfg["teacher_head_sets"])
     k = int(cfg["pool_k"]["teacher"])
     pools = pl.build_pools(head_sets, k, source="teacher head sets")
-    prose = prose_pool(cfg, k, args.prose_sets) if int(cfg["window"]) > 0 else None
-    traces = _load_traces(Path(args.traces or cfg["traces"]), _train_ids(Path(args.notes or cfg["train_notes"])))
+    prose = prose_pool(cfg, k, getattr(args, "prose_sets", None)) if int(cfg["window"]) > 0 else None
+    traces = _load_traces(Path(getattr(args, "traces", None) or cfg["traces"]),
+                          note_ids or _train_ids(Path(getattr(args, "notes", None) or cfg["train_notes"])))
     if not traces:
         raise UserError("no teacher traces for the training notes")
-    manifest = compute_targets(model, tokenizer, traces, Path(args.events_dir or cfg["events_dir"]),
-                               Path(args.out or cfg["targets_dir"]), pools, prose, window=int(cfg["window"]),
-                               topk=int(cfg["topk"]), teacher_id=str(teacher_spec),
-                               teacher_hash=model_fingerprint(teacher),
-                               provenance=provenance({"distill": cfg}, seed=None))
-    print(f"teacher targets: {len(manifest['notes'])} notes, {len(manifest['skipped'])} skipped -> "
-          f"{args.out or cfg['targets_dir']}")
-    return 0
+    return compute_targets(model, tokenizer, traces, Path(getattr(args, "events_dir", None) or cfg["events_dir"]),
+                           out, pools, prose, window=int(cfg["window"]), topk=int(cfg["topk"]),
+                           teacher_id=str(teacher_spec), teacher_hash=model_fingerprint(teacher),
+                           provenance=provenance({"distill": cfg}, seed=None), positions=positions,
+                           position_seed=position_seed)
 
 
 def train_config(section: dict, precision: str, seed: int, lr: float | None = None):
@@ -127,7 +137,7 @@ def cmd_train(args) -> int:
     from mistill.distill.runs import run_dir
     from mistill.distill.targets import check_teacher, read_note_targets
     from mistill.distill.trainer import Trainer, precision_dtype
-    from mistill.io import provenance
+    from mistill.io import provenance, read_json
     from mistill.models.fingerprint import model_fingerprint
     from mistill.models.loading import ModelSpec, load_model, load_tokenizer, resolve_device, set_threads
 
@@ -144,9 +154,17 @@ def cmd_train(args) -> int:
     precision = args.precision or cfg["precision"][args.arm]
     seed = int(args.seed if args.seed is not None else cfg["seeds"][0])
     targets_dir = Path(args.targets or cfg["targets_dir"])
+    if (args.positions or "events") != "events":
+        # RandPos (App. M.1): the run's own targets on the notes of the event targets, the events moved with the
+        # run's seed, inside its directory (the one pass here that loads the teacher)
+        out = out or run_dir(cfg["runs_dir"], student_key, args.arm, precision, seed)
+        notes = read_json(targets_dir / "manifest.json", "targets manifest")["notes"]
+        targets_dir = out / "targets"
+        teacher_targets(params, argparse.Namespace(teacher=args.teacher), targets_dir, positions=args.positions,
+                        position_seed=seed, note_ids=set(notes))
     teacher_spec = args.teacher or params["models"]["teacher"]
     teacher = ModelSpec.from_params(params["models"], teacher_spec, base="teacher")
-    # the targets name their teacher by its files: the teacher itself is never loaded here, only its tokenizer
+    # the targets name their teacher by its files: the teacher is loaded only for RandPos targets, above
     manifest = check_teacher(targets_dir / "manifest.json", model_fingerprint(teacher), str(teacher_spec))
     teacher_tok = load_tokenizer(teacher)
     torch.manual_seed(seed)
@@ -238,6 +256,9 @@ def register(subparsers) -> None:
     p.add_argument("--prose-sets", help="teacher head_sets_locus.json, whose prose ranking pools the window rows "
                                         "(default: params distill.teacher_prose_sets)")
     p.add_argument("--out", help="targets directory (default: params distill.targets_dir)")
+    p.add_argument("--positions", choices=POSITION_RULES, default="events",
+                   help="random: each note's events moved to random positions of its trace (RandPos, App. M.1)")
+    p.add_argument("--position-seed", type=int, default=0, help="the random positions' seed (a run's training seed)")
     p.set_defaults(func=cmd_targets)
 
     p = subparsers.add_parser("coverage", help="teacher events each student tokenizer realises (Table 38, R-D19)")
@@ -263,6 +284,8 @@ def register(subparsers) -> None:
                                                       "extra loss equals Mistill's (mistill.distill.dose)")
     p.add_argument("--heads", choices=("top", "bottom", "random", "uniform"))
     p.add_argument("--pool-seed", type=int)
+    p.add_argument("--positions", choices=POSITION_RULES,
+                   help="random: the run's own targets, its events moved with its seed (RandPos, App. M.1)")
     p.add_argument("--k", type=int, help="pool size (default: params distill.pool_k.student)")
     p.add_argument("--lr", type=float)
     p.add_argument("--max-steps", type=int, help="stop after this many optimiser steps (resumable)")

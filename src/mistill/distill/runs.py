@@ -21,8 +21,9 @@ from pathlib import Path
 from mistill.errors import UserError
 
 # what a variant may change of the recipe: `mistill distill train` options of the same names
-VARIANT_SWITCHES = ("window", "lambda_p1", "lambda_p2", "dose", "terms", "heads", "k", "pool_seed")
+VARIANT_SWITCHES = ("window", "lambda_p1", "lambda_p2", "dose", "terms", "heads", "k", "pool_seed", "positions")
 VARIANT_IDENTITY = ("student", "seed", "precision")
+POSITION_RULES = ("events", "random")   # where the loss rows sit: the teacher's events, or RandPos (App. M.1)
 
 
 def student_label(student_key: str) -> str:

@@ -23,6 +23,8 @@ from mistill.distill import buckets as bk
 from mistill.distill.mechanism import note_view, plan_rows, read_mechanism, supervised_layers
 from mistill.distill.pooled_attention import SupervisedRows
 from mistill.distill.pools import Pool
+from mistill.distill.positions import relocate_events
+from mistill.distill.runs import POSITION_RULES
 from mistill.errors import UserError
 from mistill.io import read_json, read_jsonl, read_npz, write_json, write_npz
 
@@ -134,13 +136,16 @@ def check_teacher(manifest_path: Path, teacher_hash: str, teacher_id: str) -> di
 
 
 def target_key(teacher_hash: str, trace: dict, events_path: Path, pools: dict[str, Pool], prose_pool: Pool | None,
-               window: int, topk: int) -> str:
-    """sha256 over everything a note's targets are computed from: a stored file is reused only if it matches."""
+               window: int, topk: int, positions: str = "events", position_seed: int = 0) -> str:
+    """sha256 over everything a note's targets are computed from: a stored file is reused only if it matches.
+    The position rule enters only when the events move (RandPos), so the keys of event targets stay as they were."""
     events = events_path.read_bytes() if events_path.exists() else b""
     parts = [teacher_hash, trace["prompt"], trace["completion"], hashlib.sha256(events).hexdigest(),
              json.dumps({p: pool.as_dict() for p, pool in sorted(pools.items())}, sort_keys=True),
              json.dumps(prose_pool.as_dict() if prose_pool else None, sort_keys=True), str(window), str(topk),
              str(TARGET_FORMAT)]
+    if positions != "events":
+        parts += [positions, str(position_seed)]
     return hashlib.sha256("\0".join(parts).encode()).hexdigest()
 
 
@@ -155,11 +160,15 @@ def stored_key(path: Path) -> str | None:
 
 def compute_targets(model, tokenizer, traces: list[dict], events_dir: Path, out_dir: Path, pools: dict[str, Pool],
                     prose_pool: Pool | None, *, window: int, topk: int, teacher_id: str, provenance: dict,
-                    teacher_hash: str | None = None) -> dict:
+                    teacher_hash: str | None = None, positions: str = "events", position_seed: int = 0) -> dict:
     """The pass over training notes; resumable per note (under `dvc repro` too: the directory is `persist`):
     a note's file is kept only when it was written from the same teacher, trace, events, pools, window and
     top-k (`target_key`), else it is recomputed.  The manifest is written last and marks the pass complete;
-    files of notes no longer listed are removed, so the directory equals an uninterrupted run's."""
+    files of notes no longer listed are removed, so the directory equals an uninterrupted run's.
+    `positions` "random" moves each note's events first (RandPos, `mistill.distill.positions`), drawn with
+    `position_seed`."""
+    if positions not in POSITION_RULES:
+        raise UserError(f"unknown position rule {positions!r}; known: {', '.join(POSITION_RULES)}")
     out_dir.mkdir(parents=True, exist_ok=True)
     teacher_hash = teacher_hash or teacher_fingerprint(model)  # the CLI names the teacher by its files
     manifest_path = out_dir / "manifest.json"
@@ -174,9 +183,12 @@ def compute_targets(model, tokenizer, traces: list[dict], events_dir: Path, out_
             continue
         path = out_dir / f"{note_id}.npz"
         events_path = events_dir / note_id / "events.jsonl"
-        key = target_key(teacher_hash, trace, events_path, pools, prose_pool, window, topk)
+        key = target_key(teacher_hash, trace, events_path, pools, prose_pool, window, topk, positions, position_seed)
         if stored_key(path) != key:
             events = load_events(events_path, note_id)
+            if positions == "random":
+                events = relocate_events(events, competitor_strings(tokenizer, events), tokenizer, trace["prompt"],
+                                         trace["completion"], position_seed=position_seed, note_id=note_id)
             arrays = note_targets(model, tokenizer, trace["prompt"], trace["completion"], events, pools, prose_pool,
                                   window=window, topk=topk, note_id=note_id)
             write_npz(path, **arrays, input_key=np.frombuffer(key.encode(), dtype=np.uint8))
@@ -189,5 +201,7 @@ def compute_targets(model, tokenizer, traces: list[dict], events_dir: Path, out_
                 "window": window, "topk": topk, "notes": done, "skipped": skipped,
                 "pools": {p: pool.as_dict() for p, pool in pools.items()},
                 "prose_pool": prose_pool.as_dict() if prose_pool else None, "provenance": provenance}
+    if positions != "events":
+        manifest["positions"] = {"rule": positions, "seed": position_seed}
     write_json(manifest_path, manifest)
     return manifest

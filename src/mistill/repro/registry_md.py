@@ -66,7 +66,13 @@ def render_registry_md(registry: Registry) -> str:
              "grid from params, l* as the grid layer with the largest median forced drop under the tail swap, the "
              "transport ratio as the median per-mention natural / forced drop, the mid-layer ratios as ratios of "
              "the medians, and the flip layer as the first grid layer from which on the donor's letter wins the "
-             "code-swapped decision: `src/mistill/locus/swap.py`."), ""]
+             "code-swapped decision: `src/mistill/locus/swap.py`."),
+            ("- RandPos (App. M.1, the least specified control): each P1/P2/P2C event moves to a completion token "
+             "drawn uniformly without replacement, seeded by the training seed and the note, among the tokens that "
+             "are no event and at which the event's competitors are single teacher tokens (so m and c stay "
+             "defined); the teacher's targets are computed at the new rows with each kind's pool and the event's "
+             "code, its prefix slot empty, and the P1 window rows follow the moved event: "
+             "`src/mistill/distill/positions.py`."), ""]
     out += ["## Nondeterminism classes", ""]
     for name, cls in registry.classes.items():
         out.append(f"- **{name}** ({cls['name']}): {_md(cls['definition'])}")
