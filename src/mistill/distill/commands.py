@@ -62,7 +62,7 @@ def teacher_targets(params: dict, args, out: Path, *, positions: str = "events",
 
     from mistill.distill import pools as pl
     from mistill.distill.targets import compute_targets
-    from mistill.io import provenance, read_json
+    from mistill.io import provenance
     from mistill.models.fingerprint import model_fingerprint
     from mistill.models.loading import ModelSpec, load_model, resolve_device, set_threads
 

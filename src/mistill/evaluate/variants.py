@@ -20,8 +20,16 @@ from mistill.distill.runs import variant, variant_label, variant_run_dir
 from mistill.errors import UserError
 from mistill.evaluate.compare import arm_values, clustered, seed_dirs, seed_medians
 from mistill.evaluate.own_heads import OwnHeadsConfig
-from mistill.evaluate.readout import (FAMILIES, ArmSeed, arm_labels, eval_root, load_arm, minus_reference, test_notes,
-                                      value)
+from mistill.evaluate.readout import (
+    FAMILIES,
+    ArmSeed,
+    arm_labels,
+    eval_root,
+    load_arm,
+    minus_reference,
+    test_notes,
+    value,
+)
 from mistill.io import read_json
 from mistill.stats import StatsParams
 
