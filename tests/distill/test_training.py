@@ -110,6 +110,10 @@ def test_targets_pass_reuses_only_files_written_from_the_same_inputs(setup, tmp_
     tg.compute_targets(setup["teacher"], setup["tok"], traces, setup["events_dir"], out, pl.build_pools(hs, 6),
                        pl.build_pool(hs, "prose", 6), **kwargs)
     assert (out / "n1.npz").stat().st_mtime_ns == before  # same inputs: kept
+    manifest = (out / "manifest.json").read_bytes()
+    again = tg.compute_targets(setup["teacher"], setup["tok"], traces, setup["events_dir"], out, pl.build_pools(hs, 6),
+                               pl.build_pool(hs, "prose", 6), **{**kwargs, "provenance": {"code_version": "other"}})
+    assert (out / "manifest.json").read_bytes() == manifest and again["provenance"] == {}   # nothing to do: as was
     tg.compute_targets(setup["teacher"], setup["tok"], traces, setup["events_dir"], out, pl.build_pools(hs, 4),
                        pl.build_pool(hs, "prose", 6), **kwargs)
     _, arrays = tg.read_note_targets(out / "n1.npz")
@@ -174,6 +178,13 @@ def test_training_resumes_exactly(setup, tmp_path):
     lines = (tmp_path / "b" / "metrics.jsonl").read_text().splitlines()
     assert [json.loads(x)["step"] for x in lines] == [1, 2, 3, 4]
     assert {"P1_attn", "P1_inter", "P2C_attn", "step_time_s", "peak_memory_bytes"} <= set(full[0])
+    # a finished run resumed does nothing and leaves every file as it was (its readers stay fresh)
+    before = {p.relative_to(tmp_path): p.read_bytes() for p in sorted((tmp_path / "a").rglob("*")) if p.is_file()}
+    again = Trainer(_model(tok, seed=3, layers=2), _batches(setup, tok, arm), arm, cfg, tmp_path / "a",
+                    pools=s_pools, run_config={"provenance": {"code_version": "another commit"}}).run()
+    assert again == []
+    assert {p.relative_to(tmp_path): p.read_bytes() for p in sorted((tmp_path / "a").rglob("*"))
+            if p.is_file()} == before
     # a different recipe in the same directory is refused, not silently mixed
     other = TrainConfig(epochs=2, batch=1, lr=1e-3, precision="fp32", seed=0, gradient_checkpointing=False)
     with pytest.raises(UserError, match="different run"):

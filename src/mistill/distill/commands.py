@@ -210,7 +210,7 @@ def cmd_train(args) -> int:
         lam = match_dose(trainer, first_step_extra(reference))
         print(f"dose matched to {reference.name}'s first step: lambda_p1 = lambda_p2 = {lam:.4g}")
     rows = trainer.run(max_steps=args.max_steps)
-    if hasattr(student_tok, "save") and (out / "model").exists():
+    if rows and hasattr(student_tok, "save") and (out / "model").exists():   # a finished run is left as it was
         student_tok.save(out / "model")
     print(f"{args.arm}: {len(rows)} optimiser steps -> {out}")
     return 0
