@@ -730,6 +730,53 @@ def test_r_d7_position_and_head_controls_by_hand(tmp_path):
     assert (v["qwen_randboth_prefix_share"], v["qwen_untrained_prefix_share"]) == (0.139, 0.185)
 
 
+def test_r_d23_event_weighted_vanilla_by_hand(tmp_path):
+    """The event-weighted Vanilla variant against fp32 Vanilla and Mistill at its seed: recoveries, answers, M1,
+    the cap and both runs' logged extra losses set by hand."""
+    from mistill.distill.runs import run_dir, variant_label, variant_run_dir
+    from tests.chain.test_readers import GOLD, write_arm
+
+    params = copy.deepcopy(PAPER_PARAMS)
+    params["paths"] = {"artifacts": str(tmp_path), "results": str(tmp_path / "results")}
+    params["stats"]["bootstrap_resamples"] = 200
+    params["variants"]["dir"] = str(tmp_path / "variants")
+    params["distill"]["runs_dir"] = str(tmp_path)
+    section, entry = params["evaluate"]["own_heads"], params["variants"]["arms"]["evw4"]
+    k, k8, notes = max(section["bins"]), min(section["bins"]), [f"n{i}" for i in range(6)]
+    where = {"evw4": (tmp_path / "variants", variant_label("evw4", entry)),
+             "mistill": (tmp_path, section["arms"]["qwen_mistill"]),
+             "vanilla": (tmp_path, section["arms"]["qwen_vanilla_fp32"])}
+    rng = np.random.default_rng(23)
+    recovery = {arm: {("P2C", kk): rng.uniform(0.3, 0.9, len(notes)) for kk in (k, k8)} for arm in where}
+    recovery["evw4"][("P2C", k)] = recovery["mistill"][("P2C", k)] - np.array([.1, .1, .1, .1, .1, -.1])
+    recovery["evw4"][("P2C", k8)] = recovery["mistill"][("P2C", k8)] - 0.2
+    _own_heads_by_hand(where, entry["seed"], notes, recovery, {a: np.ones(len(notes)) for a in where},
+                       section["bins"], "P2C")
+    m1 = {kind: {"pooled": share, "per_note": {}} for kind, share in (("P1", 0.9), ("P2", 0.7), ("P2C", 0.772))}
+    write_arm(tmp_path / "variants", where["evw4"][1], entry["seed"], {"n1": GOLD["n1"], "n2": None, "n3": GOLD["n3"],
+                                                                       "n4": GOLD["n4"]}, m1)
+    write_arm(tmp_path, where["vanilla"][1], entry["seed"], {n: list(g) for n, g in GOLD.items()},
+              {kind: {**cell, "pooled": 0.773} for kind, cell in m1.items()})
+    evw4 = variant_run_dir(params["variants"]["dir"], "evw4", entry)
+    write_json(evw4 / "config.json", {"arm": {"arm": "vanilla", "event_weight": 4.0}})
+    write_jsonl(evw4 / "metrics.jsonl", [{"step": 1, "event_extra": 0.27}, {"step": 2, "event_extra": 0.16}])
+    mistill = run_dir(tmp_path, "student_qwen", "mistill", "bf16", entry["seed"])
+    write_json(mistill / "config.json", {"arm": {"lambda_p1": 0.1, "lambda_p2": 0.5}})
+    write_jsonl(mistill / "metrics.jsonl", [{"step": 1, "P1_attn": 1.0, "P2_attn": 0.3},
+                                            {"step": 2, "P1_attn": 0.6, "P2_attn": 0.2}])
+    values, v = _read_by_hand("R-D23", params)
+    assert v["evw4_own_p2c_k40"] == pytest.approx(np.median(recovery["evw4"][("P2C", k)]))
+    assert v["plain_vanilla_own_p2c_k40_k8"] == pytest.approx([np.median(recovery["vanilla"][("P2C", kk)])
+                                                                for kk in (k, k8)])
+    assert v["evw4_vs_mistill_s0_p2c"] == pytest.approx(-0.4 / 6)
+    assert v["evw4_below_mistill_notes_k40_k8"] == [5, 6]
+    assert v["evw4_minus_vanilla"] == pytest.approx(np.mean(recovery["evw4"][("P2C", k)]
+                                                            - recovery["vanilla"][("P2C", k)]))
+    assert (v["evw4_m1_p2c"], v["vanilla_m1_p2c"], v["evw4_cap_rate"]) == (0.772, 0.773, 0.25)
+    assert v["extra_loss_start_evw4_vs_mistill"] == pytest.approx([0.27, 0.1 * 1.0 + 0.5 * 0.3])
+    assert v["extra_loss_end_evw4_vs_mistill"] == pytest.approx([0.16, 0.1 * 0.6 + 0.5 * 0.2])
+
+
 def test_r_d16_writes_the_paper_keys_on_three_paper_shaped_reads(tmp_path):
     """The arm's chain, its gate and its second read, each with paper-sized bins and a 36 x 32 head ranking."""
     params = copy.deepcopy(PAPER_PARAMS)

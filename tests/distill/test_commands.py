@@ -137,6 +137,28 @@ def test_a_randpos_variant_trains_on_its_own_targets_at_moved_positions(project)
     assert {p.name: p.read_bytes() for p in (project / "targets").iterdir()} == before
 
 
+def test_an_event_weighted_vanilla_variant_logs_the_loss_its_weights_add(project, capsys):
+    """`arm: vanilla, event_weight: 4` (evw4, App. M.1) trains Vanilla CoT-KD with its token loss up-weighted at
+    the teacher's events; the log carries what the weights add; a variant's objective is its own."""
+    params = yaml.safe_load((project / "params.yaml").read_text())
+    params["demo"]["variants"] = {"dir": "variants", "arms": {
+        "evw4": {"arm": "vanilla", "student": "qwen", "seed": 0, "precision": "fp32", "event_weight": 4}}}
+    (project / "params.yaml").write_text(yaml.safe_dump(params))
+    assert main(["distill", "targets"]) == 0
+    assert main(["distill", "train", "--arm", "mistill", "--variant", "evw4"]) == 2
+    assert "trains the vanilla objective" in capsys.readouterr().err
+    assert main(["distill", "train", "--variant", "evw4"]) == 0
+    run = project / "variants" / "DT-001" / "student-qwen-evw4-fp32-s0"
+    cfg = json.loads((run / "config.json").read_text())
+    assert cfg["arm"]["arm"] == "vanilla" and cfg["arm"]["event_weight"] == 4.0 and cfg["pools"] == {}
+    rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    assert rows[0]["event_extra"] > 0
+    assert main(["distill", "train", "--arm", "vanilla"]) == 0
+    plain = json.loads((project / "runs" / "DT-000" / "student-qwen-vanilla-fp32-s0" / "config.json").read_text())
+    assert "event_weight" not in plain["arm"]
+    assert main(["distill", "train"]) == 2 and "--arm" in capsys.readouterr().err
+
+
 def test_a_dose_matched_variant_starts_with_mistills_extra_loss(project):
     """`dose: match` (App. M.1): a variant equal to Mistill gets Mistill's own λ back; the uniform-heads,
     attention-only variant gets the λ at which its first step adds exactly Mistill's first-step extra loss."""

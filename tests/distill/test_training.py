@@ -110,6 +110,10 @@ def test_targets_pass_reuses_only_files_written_from_the_same_inputs(setup, tmp_
     tg.compute_targets(setup["teacher"], setup["tok"], traces, setup["events_dir"], out, pl.build_pools(hs, 6),
                        pl.build_pool(hs, "prose", 6), **kwargs)
     assert (out / "n1.npz").stat().st_mtime_ns == before  # same inputs: kept
+    manifest = (out / "manifest.json").read_bytes()
+    again = tg.compute_targets(setup["teacher"], setup["tok"], traces, setup["events_dir"], out, pl.build_pools(hs, 6),
+                               pl.build_pool(hs, "prose", 6), **{**kwargs, "provenance": {"code_version": "other"}})
+    assert (out / "manifest.json").read_bytes() == manifest and again["provenance"] == {}   # nothing to do: as was
     tg.compute_targets(setup["teacher"], setup["tok"], traces, setup["events_dir"], out, pl.build_pools(hs, 4),
                        pl.build_pool(hs, "prose", 6), **kwargs)
     _, arrays = tg.read_note_targets(out / "n1.npz")
@@ -174,6 +178,13 @@ def test_training_resumes_exactly(setup, tmp_path):
     lines = (tmp_path / "b" / "metrics.jsonl").read_text().splitlines()
     assert [json.loads(x)["step"] for x in lines] == [1, 2, 3, 4]
     assert {"P1_attn", "P1_inter", "P2C_attn", "step_time_s", "peak_memory_bytes"} <= set(full[0])
+    # a finished run resumed does nothing and leaves every file as it was (its readers stay fresh)
+    before = {p.relative_to(tmp_path): p.read_bytes() for p in sorted((tmp_path / "a").rglob("*")) if p.is_file()}
+    again = Trainer(_model(tok, seed=3, layers=2), _batches(setup, tok, arm), arm, cfg, tmp_path / "a",
+                    pools=s_pools, run_config={"provenance": {"code_version": "another commit"}}).run()
+    assert again == []
+    assert {p.relative_to(tmp_path): p.read_bytes() for p in sorted((tmp_path / "a").rglob("*"))
+            if p.is_file()} == before
     # a different recipe in the same directory is refused, not silently mixed
     other = TrainConfig(epochs=2, batch=1, lr=1e-3, precision="fp32", seed=0, gradient_checkpointing=False)
     with pytest.raises(UserError, match="different run"):
@@ -251,3 +262,37 @@ def test_chunked_mlp_changes_memory_not_values(setup):
     assert torch.allclose(grads[0][0], grads[1][0], atol=1e-6)
     for name, g in grads[0][1].items():
         assert torch.allclose(grads[1][1][name], g, atol=1e-6, rtol=1e-4), name
+
+
+def test_event_weights_up_weight_the_event_and_window_rows_only(setup):
+    """evw4 (App. M.1): weight w at each realised event's decision row and at the W rows before each P1 event;
+    the weighted CoT sums equal the per-token losses weighted by hand, and with w = 1 the unweighted sums."""
+    from mistill.distill import objective as obj
+
+    meta, arrays = tg.read_note_targets(setup["out"] / "n1.npz")
+    arm = arms.ArmConfig(arm="vanilla", window=3, event_weight=4.0)
+    batch = arms.prepare_note(meta, arrays, setup["tok"], setup["tok"], arm)
+    view = arms.note_view(setup["tok"], arms.bk.build_axis(meta["prompt"], meta["completion"]), meta["events"],
+                          meta["competitors"])
+    rows = {ev.row for ev in view.realized} | {ev.row - d for ev in view.realized if ev.kind == "P1"
+                                               for d in (1, 2, 3)}
+    assert torch.equal(batch.token_weights, torch.tensor([4.0 if t in rows else 1.0 for t in range(len(view.ids))]))
+    assert arms.ArmConfig(arm="vanilla").as_dict().get("event_weight") is None   # old runs keep their identity
+    assert arm.as_dict()["event_weight"] == 4.0
+
+    torch.manual_seed(0)
+    logits = torch.randn(len(view.ids), setup["tok"].vocab_size, dtype=torch.float64)
+    args = (batch.top_ids, batch.top_logprobs)
+    ce_t, kl_t = obj.cot_token_losses(logits, batch.labels, *args)
+    keep = batch.labels != -100
+    w = batch.token_weights[keep].double()
+    ce, kl, n, extra = obj.weighted_cot_loss_sums(logits, batch.labels, batch.token_weights, *args)
+    assert n == int(keep.sum()) and float(ce) == pytest.approx(float((w * ce_t).sum()), rel=1e-6)
+    assert float(kl) == pytest.approx(float((w * kl_t).sum()), rel=1e-6)
+    assert extra == pytest.approx(float(((w - 1) * (ce_t + kl_t)).sum()), rel=1e-6) and extra > 0
+    plain = obj.cot_loss_sums(logits, batch.labels, *args)
+    same = obj.weighted_cot_loss_sums(logits, batch.labels, torch.ones(len(view.ids)), *args)
+    assert float(same[0]) == pytest.approx(float(plain[0]), rel=1e-6) and same[3] == 0.0
+    assert float(same[1]) == pytest.approx(float(plain[1]), rel=1e-6)
+    with pytest.raises(UserError, match="event-weight"):
+        arms.ArmConfig(arm="vanilla", event_weight=0.0)

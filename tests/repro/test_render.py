@@ -23,7 +23,7 @@ TABLE_IDS = {"table1": ["R-C3"],
              "table6": ["R-C1"], "table7": ["R-C1"], "table8": ["R-C2"], "table10": ["R-C3"], "table11": ["R-C4"],
              "table13": ["R-C4"], "table14": ["R-C3"], "table25": ["R-C13"],
              "table26": ["R-C6"], "table27": ["R-C6"], "table29": ["R-C6"], "table30": ["R-C6"], "table32": ["R-C6"],
-             "table33": ["R-C6"], "table31": ["R-C12"], "table4": ["R-C14"], "table51": ["R-D7", "R-D13", "R-D14", "R-D24", "R-D25", "R-D5"],
+             "table33": ["R-C6"], "table31": ["R-C12"], "table4": ["R-C14"], "table51": ["R-D7", "R-D13", "R-D14", "R-D23", "R-D24", "R-D25", "R-D5"],
              "table45": ["R-D1", "R-D2", "R-D5", "R-D6", "R-D12", "R-D15", "R-D17", "R-D18", "R-D30"],
              "table46": ["R-D1", "R-D2", "R-D3", "R-D4", "R-D5", "R-D17"]}
 # Tables whose every cell this file's fixture fills (the others have their own tests: tests/repro/test_tables_*.py)

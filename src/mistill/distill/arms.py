@@ -20,6 +20,7 @@ from torch.utils.checkpoint import checkpoint
 
 from mistill.distill import buckets as bk
 from mistill.distill import objective as obj
+from mistill.distill.alignment import window_rows
 from mistill.distill.mechanism import NoteView, note_view, plan_rows, read_mechanism
 from mistill.distill.pooled_attention import SupervisedRows
 from mistill.distill.pools import Pool
@@ -37,6 +38,7 @@ class ArmConfig:
     write_norm: bool = False
     window: int = 8
     kl_weight: float = 1.0
+    event_weight: float = 1.0   # App. M.1 evw4: CE and KL times this at the teacher's event and window rows
     eps: float = 1e-6
     logit_chunk: int = 256
     row_chunk: int = 256
@@ -47,9 +49,16 @@ class ArmConfig:
         unknown = set(self.terms) - obj.ALL_TERMS
         if unknown:
             raise UserError(f"unknown --terms {sorted(unknown)}; known: {sorted(obj.ALL_TERMS)}")
+        if not self.event_weight > 0:
+            raise UserError(f"--event-weight must be positive, not {self.event_weight}")
 
     def as_dict(self) -> dict:
-        return asdict(self)
+        """The arm as its runs record it; an event weight of 1 (no up-weighting) is left out, so the runs trained
+        before the switch existed keep their identity (trainer.RUN_IDENTITY)."""
+        out = asdict(self)
+        if self.event_weight == 1.0:
+            del out["event_weight"]
+        return out
 
 
 @dataclass
@@ -63,6 +72,7 @@ class NoteBatch:
     view: NoteView | None = None
     events: list[dict] = field(default_factory=list)
     teacher: dict = field(default_factory=dict)   # phase -> arrays; "window" -> arrays
+    token_weights: torch.Tensor | None = None     # [T] per label position (event up-weighting), None: all 1
 
 
 def _map_top_ids(top_ids: np.ndarray, top_logp: np.ndarray, teacher_tok, student_tok):
@@ -106,6 +116,8 @@ def prepare_note(meta: dict, arrays: dict, student_tok, teacher_tok, arm: ArmCon
         labels = labels_uld if n < T - first else labels
     top_ids, top_logp = torch.from_numpy(full_ids), torch.from_numpy(full_logp)
     batch = NoteBatch(note_id, ids, labels, top_ids, top_logp, uld=not same)
+    if arm.event_weight != 1.0:
+        batch.token_weights = event_weights(view, len(view.ids), arm)
     if arm.arm == "mistill":
         if not view.realized:
             raise UserError(f"note {note_id}: the student's tokenizer ({getattr(student_tok, 'name', '?')}) "
@@ -118,21 +130,39 @@ def prepare_note(meta: dict, arrays: dict, student_tok, teacher_tok, arm: ArmCon
     return batch
 
 
+def event_weights(view: NoteView, length: int, arm: ArmConfig) -> torch.Tensor:
+    """[T] weights of the label positions: `arm.event_weight` at each realised event's decision row (label q
+    predicts the event token q + 1) and at the W window rows before each P1 event, 1 elsewhere (App. M.1: the
+    token loss up-weighted "at the same events and window positions" Mistill supervises)."""
+    weights = torch.ones(length)
+    rows = {ev.row for ev in view.realized}
+    rows |= {r for ev in view.realized if ev.kind == "P1" for r in window_rows(ev.row, arm.window)}
+    weights[sorted(rows)] = arm.event_weight
+    return weights
+
+
 def cot_loss(model, hidden: torch.Tensor, batch: NoteBatch, arm: ArmConfig) -> tuple[torch.Tensor, dict]:
     """L_CoT over the trace tokens, vocabulary logits computed chunk by chunk under checkpointing."""
     device = hidden.device
     scored = torch.nonzero(batch.labels != -100).flatten()
     ce_total, kl_total, n_total = hidden.new_zeros((), dtype=torch.float32), hidden.new_zeros((), dtype=torch.float32), 0
     kl_weight = arm.kl_weight if batch.top_logprobs is not None else 0.0
+    extra = [] if batch.token_weights is not None else None   # what the event weights add, one entry per chunk
     for start in range(0, len(scored), arm.logit_chunk):
         pos = scored[start:start + arm.logit_chunk].to(device)
         labels = batch.labels.to(device)[pos]
         t_ids = batch.top_ids.to(device)[pos]
         t_logp = batch.top_logprobs.to(device)[pos]
+        weights = None if extra is None else batch.token_weights.to(device)[pos]
 
-        def chunk_loss(h, labels=labels, t_ids=t_ids, t_logp=t_logp):
+        def chunk_loss(h, labels=labels, t_ids=t_ids, t_logp=t_logp, weights=weights):
             logits = model.lm_head(h)
-            ce, kl, _ = obj.cot_loss_sums(logits, labels, t_ids, t_logp, kl_weight=kl_weight, uld=batch.uld)
+            if weights is None:
+                ce, kl, _ = obj.cot_loss_sums(logits, labels, t_ids, t_logp, kl_weight=kl_weight, uld=batch.uld)
+                return ce, kl
+            ce, kl, _, added = obj.weighted_cot_loss_sums(logits, labels, weights, t_ids, t_logp,
+                                                          kl_weight=kl_weight, uld=batch.uld)
+            extra.append(added)   # read below, before backward's recompute appends again
             return ce, kl
 
         h = hidden.index_select(0, pos)
@@ -140,7 +170,10 @@ def cot_loss(model, hidden: torch.Tensor, batch: NoteBatch, arm: ArmConfig) -> t
         ce_total, kl_total, n_total = ce_total + ce, kl_total + kl, n_total + len(pos)
     n = max(n_total, 1)
     ce, kl = ce_total / n, kl_total / n
-    return ce + kl, {"ce": float(ce.detach()), "kl": float(kl.detach()), "tokens": n_total}
+    log = {"ce": float(ce.detach()), "kl": float(kl.detach()), "tokens": n_total}
+    if extra is not None:
+        log["event_extra"] = sum(extra) / n
+    return ce + kl, log
 
 
 def _align(student_index: torch.Tensor, teacher_index: np.ndarray):

@@ -119,9 +119,9 @@ def apply_variant(args, variants: dict) -> Path:
     precision and switches, which options given on the command line override; return its run directory."""
     from mistill.distill.runs import VARIANT_SWITCHES, variant, variant_run_dir
 
-    if args.arm != "mistill":
-        raise UserError("--variant names a variant of the Mistill recipe; use it with --arm mistill")
     entry = variant(variants, args.variant)
+    if args.arm is not None and args.arm != entry.get("arm", "mistill"):
+        raise UserError(f"--variant {args.variant} trains the {entry.get('arm', 'mistill')} objective, not --arm {args.arm}")
     args.student = f"student_{entry['student']}" if args.student is None else args.student
     for name in ("seed", "precision", *VARIANT_SWITCHES):   # the options have the entry's names
         if getattr(args, name) is None and name in entry:
@@ -147,6 +147,9 @@ def cmd_train(args) -> int:
     out = Path(args.out) if args.out else None
     if args.variant:
         out = out or apply_variant(args, params.get("variants") or {})
+    if args.arm is None and not args.variant:
+        raise UserError("name the objective with --arm (vanilla or mistill), or a recipe variant with --variant")
+    args.arm = args.arm or "mistill"   # a variant that names no arm varies the Mistill recipe
     if args.dose == "match" and (args.arm != "mistill" or args.lambda_p1 is not None or args.lambda_p2 is not None):
         raise UserError("--dose match sets lambda_p1 and lambda_p2 of a Mistill run itself; give neither")
     student_key = args.student or "student_qwen"
@@ -177,7 +180,8 @@ def cmd_train(args) -> int:
     arm = arms.ArmConfig(arm=args.arm, lambda_p1=float(args.lambda_p1 if args.lambda_p1 is not None else cfg["lambda_p1"]),
                          lambda_p2=float(args.lambda_p2 if args.lambda_p2 is not None else cfg["lambda_p2"]),
                          terms=terms, write_norm=bool(args.write_norm or cfg["write_norm"]),
-                         window=int(args.window if args.window is not None else cfg["window"]))
+                         window=int(args.window if args.window is not None else cfg["window"]),
+                         event_weight=float(args.event_weight if args.event_weight is not None else 1.0))
     pools = None
     if args.arm == "mistill":
         hs_path = args.head_sets or cfg["student_head_sets"].get(student_key)
@@ -206,7 +210,7 @@ def cmd_train(args) -> int:
         lam = match_dose(trainer, first_step_extra(reference))
         print(f"dose matched to {reference.name}'s first step: lambda_p1 = lambda_p2 = {lam:.4g}")
     rows = trainer.run(max_steps=args.max_steps)
-    if hasattr(student_tok, "save") and (out / "model").exists():
+    if rows and hasattr(student_tok, "save") and (out / "model").exists():   # a finished run is left as it was
         student_tok.save(out / "model")
     print(f"{args.arm}: {len(rows)} optimiser steps -> {out}")
     return 0
@@ -268,7 +272,7 @@ def register(subparsers) -> None:
     p.set_defaults(func=cmd_coverage)
 
     p = subparsers.add_parser("train", help="train one arm: Vanilla CoT-KD or Mistill (App. J.2)")
-    p.add_argument("--arm", choices=("vanilla", "mistill"), required=True)
+    p.add_argument("--arm", choices=("vanilla", "mistill"), help="the objective (a --variant names its own)")
     p.add_argument("--student", help="params models key or a model spec (default: student_qwen)")
     p.add_argument("--teacher", help="teacher spec whose targets these are (default: params models.teacher)")
     p.add_argument("--targets", help="targets directory (default: params distill.targets_dir)")
@@ -284,6 +288,8 @@ def register(subparsers) -> None:
                                                       "extra loss equals Mistill's (mistill.distill.dose)")
     p.add_argument("--heads", choices=("top", "bottom", "random", "uniform"))
     p.add_argument("--pool-seed", type=int)
+    p.add_argument("--event-weight", type=float,
+                   help="CE and KL times this at the teacher's event and window rows (the evw4 control, App. M.1)")
     p.add_argument("--positions", choices=POSITION_RULES,
                    help="random: the run's own targets, its events moved with its seed (RandPos, App. M.1)")
     p.add_argument("--k", type=int, help="pool size (default: params distill.pool_k.student)")

@@ -48,13 +48,23 @@ def extra_loss(means: Mapping[str, float], lambda_p1: float, lambda_p2: float) -
 
 def first_step_extra(run_dir: Path) -> float:
     """A Mistill run's extra loss at its first optimiser step (metrics.jsonl step 1, its config's λs)."""
+    return step_extra(run_dir, first=True)
+
+
+def step_extra(run_dir: Path, *, first: bool) -> float:
+    """The loss a run adds to L_CoT at its first (or last) logged optimiser step: a Mistill run's mechanism
+    terms at its config's λs, or an event-weighted Vanilla run's `event_extra` (App. M.1, the evw4 control)."""
     metrics, config = run_dir / "metrics.jsonl", run_dir / "config.json"
     if not metrics.is_file() or not config.is_file():
         raise UserError(f"{run_dir}: no training log of the reference run; train it first")
-    rows = [r for r in read_metrics(metrics) if r.get("step") == 1]
+    rows = read_metrics(metrics)
+    step = 1 if first else max((r.get("step", 0) for r in rows), default=0)
+    rows = [r for r in rows if r.get("step") == step]
     arm = read_json(config, "training run config").get("arm") or {}
+    if rows and "event_extra" in rows[0]:
+        return float(rows[0]["event_extra"])
     if not rows or "lambda_p1" not in arm or "lambda_p2" not in arm:
-        raise UserError(f"{run_dir}: no first step with its λs in the reference run's log and config")
+        raise UserError(f"{run_dir}: no {'first' if first else 'last'} step with its λs in the run's log and config")
     return extra_loss(term_means(rows), float(arm["lambda_p1"]), float(arm["lambda_p2"]))
 
 

@@ -235,6 +235,23 @@ def uld_distance(student_logits: torch.Tensor, teacher_top_logprobs: torch.Tenso
     return (ps - pt).abs().sum(-1)
 
 
+def cot_token_losses(student_logits: torch.Tensor, labels: torch.Tensor, teacher_top_ids: torch.Tensor | None,
+                     teacher_top_logprobs: torch.Tensor | None, kl_weight: float = 1.0,
+                     uld: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+    """L_CoT's per-token pieces (CE, kl_weight * KL) at the scored positions (labels != -100), in order.
+    (`cot_loss_sums` keeps its fused sum reductions: their rounding is what every unweighted run trained with.)"""
+    keep = labels != -100
+    logits = student_logits[keep]
+    ce = F.cross_entropy(logits.float(), labels[keep], reduction="none")
+    if teacher_top_logprobs is None or kl_weight == 0:
+        return ce, ce * 0.0
+    if uld:
+        kl = uld_distance(logits, teacher_top_logprobs[keep])
+    else:
+        kl = topk_kl(logits, teacher_top_ids[keep], teacher_top_logprobs[keep])
+    return ce, kl_weight * kl
+
+
 def cot_loss_sums(student_logits: torch.Tensor, labels: torch.Tensor, teacher_top_ids: torch.Tensor | None,
                   teacher_top_logprobs: torch.Tensor | None, kl_weight: float = 1.0,
                   uld: bool = False) -> tuple[torch.Tensor, torch.Tensor, int]:
@@ -258,3 +275,21 @@ def cot_loss_sums(student_logits: torch.Tensor, labels: torch.Tensor, teacher_to
     else:
         kl = topk_kl(logits, teacher_top_ids[keep], teacher_top_logprobs[keep]).sum()
     return ce, kl_weight * kl, n
+
+
+def weighted_cot_loss_sums(student_logits: torch.Tensor, labels: torch.Tensor, weights: torch.Tensor,
+                           teacher_top_ids: torch.Tensor | None, teacher_top_logprobs: torch.Tensor | None,
+                           kl_weight: float = 1.0, uld: bool = False) -> tuple[torch.Tensor, torch.Tensor, int, float]:
+    """`cot_loss_sums` with each position's CE and KL multiplied by `weights` [T] (Vanilla CoT-KD with its token
+    loss up-weighted at the teacher's events, App. M.1), and the sum of what the weights add beyond 1: the
+    extra loss the up-weighting brings (divided by the token count like the sums, it is comparable with
+    Mistill's extra loss)."""
+    keep = labels != -100
+    n = int(keep.sum())
+    if n == 0:
+        zero = student_logits.sum() * 0.0
+        return zero, zero, 0, 0.0
+    ce, kl = cot_token_losses(student_logits, labels, teacher_top_ids, teacher_top_logprobs, kl_weight, uld)
+    w = weights[keep].to(ce.dtype)
+    extra = float(((w - 1.0) * (ce + kl)).sum().detach())
+    return (w * ce).sum(), (w * kl).sum(), n, extra

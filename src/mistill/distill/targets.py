@@ -174,8 +174,9 @@ def compute_targets(model, tokenizer, traces: list[dict], events_dir: Path, out_
     manifest_path = out_dir / "manifest.json"
     # every note's key names its teacher, so another teacher's targets are recomputed, never refused here;
     # until the pass ends no manifest vouches for a directory that may mix two teachers' notes
+    previous = manifest_path.read_bytes() if manifest_path.is_file() else None
     manifest_path.unlink(missing_ok=True)
-    done, skipped = [], []
+    done, skipped, computed = [], [], 0
     for trace in tqdm(traces, desc="teacher targets", unit="note"):
         note_id = trace["note_id"]
         if not trace.get("valid", True):
@@ -192,6 +193,7 @@ def compute_targets(model, tokenizer, traces: list[dict], events_dir: Path, out_
             arrays = note_targets(model, tokenizer, trace["prompt"], trace["completion"], events, pools, prose_pool,
                                   window=window, topk=topk, note_id=note_id)
             write_npz(path, **arrays, input_key=np.frombuffer(key.encode(), dtype=np.uint8))
+            computed += 1
         done.append(note_id)
     kept = {f"{note_id}.npz" for note_id in done}
     for stale in out_dir.glob("*.npz"):
@@ -203,5 +205,18 @@ def compute_targets(model, tokenizer, traces: list[dict], events_dir: Path, out_
                 "prose_pool": prose_pool.as_dict() if prose_pool else None, "provenance": provenance}
     if positions != "events":
         manifest["positions"] = {"rule": positions, "seed": position_seed}
+    if previous is not None and not computed and _same_but_provenance(previous, manifest):
+        # nothing was recomputed: the directory stays byte for byte what it was (its readers stay fresh)
+        manifest_path.write_bytes(previous)
+        return json.loads(previous)
     write_json(manifest_path, manifest)
     return manifest
+
+
+def _same_but_provenance(previous: bytes, manifest: dict) -> bool:
+    try:
+        old = json.loads(previous)
+    except (UnicodeDecodeError, json.JSONDecodeError):
+        return False
+    return isinstance(old, dict) and {k: v for k, v in old.items() if k != "provenance"} == \
+        {k: v for k, v in json.loads(json.dumps(manifest)).items() if k != "provenance"}

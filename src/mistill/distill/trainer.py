@@ -317,6 +317,10 @@ class Trainer:
     def run(self, *, max_steps: int | None = None) -> list[dict]:
         self.out_dir.mkdir(parents=True, exist_ok=True)
         resumed = self.maybe_resume()
+        if resumed and self.step == self.total_steps and (self.out_dir / "model").is_dir():
+            # a finished run has nothing left to do: its directory stays byte for byte what it was, so a stage
+            # re-run after an edit elsewhere does not make everything that reads the run stale
+            return []
         if not resumed and (self.out_dir / "metrics.jsonl").exists():
             (self.out_dir / "metrics.jsonl").unlink()  # a fresh run starts a fresh log
         write_json(self.out_dir / "config.json", {**self.run_config, "resumed": resumed})
