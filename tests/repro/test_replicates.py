@@ -72,6 +72,9 @@ def test_jitter_weights_moves_float_tensors_by_the_scale_and_is_seeded(tmp_path)
 def test_no_replicate_stage_may_write_a_hard_linked_input(config):
     outs = stage_outs(REPO, config.stages)
     check_inputs_not_written(config, outs)                         # the demo's configuration is safe
+    # an item names its own outputs only; a group all of its items'
+    assert outs["DT-variant@nowindow"] == ["artifacts/variants/DT-001/student-qwen-nowindow-bf16-s0"]
+    assert len(stage_outs(REPO, ("DT-variant",))["DT-variant"]) == len(load_params(REPO / "params.yaml")["variants"]["arms"])
     with pytest.raises(UserError, match="hard-linked input artifacts/TR-008"):
         check_inputs_not_written(config, {**outs, "X": ["artifacts/TR-008/events"]})
 

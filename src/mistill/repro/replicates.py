@@ -278,15 +278,16 @@ def _dvc(args: list[str], cwd: Path, extra_env: dict[str, str] | None = None) ->
 
 
 def stage_outs(repo: Path, stages: tuple[str, ...]) -> dict[str, list[str]]:
-    """Each named stage group's outputs (metrics included), as dvc.yaml resolves them here."""
+    """Each named stage's outputs (metrics included), as dvc.yaml resolves them here: a stage group names
+    every item of a foreach stage, `group@item` one of them."""
     from dvc.repo import Repo
 
     outs: dict[str, list[str]] = {}
     with Repo(str(repo)) as dvc_repo:
         for stage in dvc_repo.index.stages:
-            group = getattr(stage, "name", "").split("@")[0]
-            if group in stages:
-                outs.setdefault(group, []).extend(
+            name = getattr(stage, "name", "")
+            for key in {name, name.split("@")[0]} & set(stages):
+                outs.setdefault(key, []).extend(
                     Path(os.path.relpath(out.fs_path, repo)).as_posix() for out in stage.outs)
     missing = [s for s in stages if s not in outs]
     if missing:
