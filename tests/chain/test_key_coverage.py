@@ -419,6 +419,21 @@ def test_r_d15_readouts_by_hand(tmp_path):
     assert v["smollm_microf1_untrained_to_vanilla"][1] > 0
 
 
+def _variant_params(tmp_path: Path, *, test_notes: bool = False) -> dict:
+    """The paper profile's params with its artifacts, variants and (when asked) test notes under tmp_path."""
+    from tests.chain.test_readers import GOLD
+
+    params = copy.deepcopy(PAPER_PARAMS)
+    params["paths"] = {"artifacts": str(tmp_path), "results": str(tmp_path / "results")}
+    params["stats"]["bootstrap_resamples"] = 200
+    params["variants"]["dir"] = str(tmp_path / "variants")
+    if test_notes:
+        write_jsonl(tmp_path / "dt_test.jsonl", [{"note_id": n, "patient_id": f"p{n}", "text": "x", "gold_codes": g,
+                                                  "split": "test"} for n, g in GOLD.items()])
+        params["evaluate"]["test_notes"] = str(tmp_path / "dt_test.jsonl")
+    return params
+
+
 def _read_by_hand(rid: str, params: dict) -> tuple[dict, dict]:
     """A reader run on hand-made artifacts: (its values, their bare numbers), once it has written exactly the
     keys it lists and every paper key."""
@@ -452,10 +467,7 @@ def test_r_d24_uniform_attention_against_mistill_by_hand(tmp_path):
     from mistill.distill.runs import variant_label, variant_run_dir
     from tests.chain.test_readers import GOLD, write_arm
 
-    params = copy.deepcopy(PAPER_PARAMS)
-    params["paths"] = {"artifacts": str(tmp_path), "results": str(tmp_path / "results")}
-    params["stats"]["bootstrap_resamples"] = 200
-    params["variants"]["dir"] = str(tmp_path / "variants")
+    params = _variant_params(tmp_path)
     section, entry = params["evaluate"]["own_heads"], params["variants"]["arms"]["uniform"]
     k, k8, notes = max(section["bins"]), min(section["bins"]), [f"n{i}" for i in range(6)]
     rng = np.random.default_rng(8)
@@ -492,10 +504,7 @@ def test_r_d25_no_window_against_mistill_and_vanilla_by_hand(tmp_path):
     from mistill.distill.runs import variant_label
     from tests.chain.test_readers import GOLD, write_arm
 
-    params = copy.deepcopy(PAPER_PARAMS)
-    params["paths"] = {"artifacts": str(tmp_path), "results": str(tmp_path / "results")}
-    params["stats"]["bootstrap_resamples"] = 200
-    params["variants"]["dir"] = str(tmp_path / "variants")
+    params = _variant_params(tmp_path)
     section, entry = params["evaluate"]["own_heads"], params["variants"]["arms"]["nowindow"]
     k, k8 = max(section["bins"]), min(section["bins"])
     notes = [f"n{i}" for i in range(7)]
@@ -538,13 +547,7 @@ def test_r_d14_ablations_by_hand(tmp_path):
     from mistill.distill.runs import variant_label
     from tests.chain.test_readers import GOLD, write_arm
 
-    params = copy.deepcopy(PAPER_PARAMS)
-    params["paths"] = {"artifacts": str(tmp_path), "results": str(tmp_path / "results")}
-    params["stats"]["bootstrap_resamples"] = 200
-    params["variants"]["dir"] = str(tmp_path / "variants")
-    write_jsonl(tmp_path / "dt_test.jsonl", [{"note_id": n, "patient_id": f"p{n}", "text": "x", "gold_codes": g,
-                                              "split": "test"} for n, g in GOLD.items()])
-    params["evaluate"]["test_notes"] = str(tmp_path / "dt_test.jsonl")
+    params = _variant_params(tmp_path, test_notes=True)
     section, arms = params["evaluate"]["own_heads"], params["variants"]["arms"]
     k, k8, notes = max(section["bins"]), min(section["bins"]), [f"n{i}" for i in range(8)]
     names = ("p1only", "p2only", "attnonly", "interonly", "lam003")
@@ -594,13 +597,7 @@ def test_r_d13_head_pool_controls_by_hand(tmp_path):
     from mistill.distill.runs import variant_label, variant_run_dir
     from tests.chain.test_readers import GOLD, write_arm
 
-    params = copy.deepcopy(PAPER_PARAMS)
-    params["paths"] = {"artifacts": str(tmp_path), "results": str(tmp_path / "results")}
-    params["stats"]["bootstrap_resamples"] = 200
-    params["variants"]["dir"] = str(tmp_path / "variants")
-    write_jsonl(tmp_path / "dt_test.jsonl", [{"note_id": n, "patient_id": f"p{n}", "text": "x", "gold_codes": g,
-                                              "split": "test"} for n, g in GOLD.items()])
-    params["evaluate"]["test_notes"] = str(tmp_path / "dt_test.jsonl")
+    params = _variant_params(tmp_path, test_notes=True)
     section, arms = params["evaluate"]["own_heads"], params["variants"]["arms"]
     k, k8, notes = max(section["bins"]), min(section["bins"]), [f"n{i}" for i in range(6)]
     rng = np.random.default_rng(13)
@@ -692,10 +689,7 @@ def test_r_d7_position_and_head_controls_by_hand(tmp_path):
 
     from mistill.distill.runs import variant_label
 
-    params = copy.deepcopy(PAPER_PARAMS)
-    params["paths"] = {"artifacts": str(tmp_path), "results": str(tmp_path / "results")}
-    params["stats"]["bootstrap_resamples"] = 200
-    params["variants"]["dir"] = str(tmp_path / "variants")
+    params = _variant_params(tmp_path)
     section, arms = params["evaluate"]["own_heads"], params["variants"]["arms"]
     k, notes = max(section["bins"]), [f"n{i}" for i in range(7)]
     where = {name: (tmp_path / "variants", variant_label(name, arms[name]))
@@ -736,10 +730,7 @@ def test_r_d23_event_weighted_vanilla_by_hand(tmp_path):
     from mistill.distill.runs import run_dir, variant_label, variant_run_dir
     from tests.chain.test_readers import GOLD, write_arm
 
-    params = copy.deepcopy(PAPER_PARAMS)
-    params["paths"] = {"artifacts": str(tmp_path), "results": str(tmp_path / "results")}
-    params["stats"]["bootstrap_resamples"] = 200
-    params["variants"]["dir"] = str(tmp_path / "variants")
+    params = _variant_params(tmp_path)
     params["distill"]["runs_dir"] = str(tmp_path)
     section, entry = params["evaluate"]["own_heads"], params["variants"]["arms"]["evw4"]
     k, k8, notes = max(section["bins"]), min(section["bins"]), [f"n{i}" for i in range(6)]
