@@ -57,3 +57,39 @@ def test_jobs_run_through_the_local_executor(tmp_path):
         executor("pbs", tmp_path)
     with pytest.raises(UserError, match="no job to submit"):
         submit([], tmp_path, executor("local", tmp_path / "logs"))
+
+
+def test_a_control_is_one_params_entry_that_adds_its_stages_and_stales_nothing_else(tmp_path):
+    """Issue of the grid: a new entry of params variants.arms resolves to its own DT-, EV- and M6-variant
+    stages, and no other stage's parameters include the variants' list, so it leaves them as they were."""
+    import shutil
+    import subprocess
+
+    import yaml
+    from dvc.repo import Repo
+
+    from mistill.params import load_all
+
+    for name in ("dvc.yaml", "params.yaml"):
+        shutil.copy(REPO / name, tmp_path / name)
+    subprocess.run([sys.executable, "-m", "dvc", "init", "--no-scm", "-q"], cwd=tmp_path, check=True)
+    data = load_all(tmp_path / "params.yaml")
+    data["demo"]["variants"]["arms"]["fakectl"] = {"student": "smol", "seed": 2, "precision": "bf16", "k": 3}
+    (tmp_path / "params.yaml").write_text(yaml.safe_dump(data, sort_keys=False))
+    with Repo(str(tmp_path)) as repo:
+        stages = {stage.name: stage for stage in repo.index.stages}
+    for group in ("DT-variant", "EV-variant", "M6-variant"):
+        assert f"{group}@fakectl" in stages
+    assert "--variant fakectl" in stages["DT-variant@fakectl"].cmd
+    assert [str(o) for o in stages["DT-variant@fakectl"].outs] == [
+        "artifacts/variants/DT-001/student-smol-fakectl-bf16-s2"]
+    def params_of(stage):
+        return [key for dep in stage.deps if hasattr(dep, "params") for key in (dep.params or [])]
+
+    assert "profile.variants.arms.fakectl" in params_of(stages["DT-variant@fakectl"])
+    for name, stage in stages.items():
+        params = params_of(stage)
+        reads_whole_list = [key for key in params if key in ("profile.variants", "profile.variants.arms")]
+        assert not reads_whole_list, (name, reads_whole_list)
+        if name.startswith("DT-variant@") and name != "DT-variant@fakectl":
+            assert "profile.variants.arms.fakectl" not in params
