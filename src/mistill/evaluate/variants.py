@@ -1,13 +1,17 @@
-"""A recipe variant read beside the main arms at its own seed (App. M, Table 51; readers R-D24, R-D25).
+"""Recipe variants read beside the main arms at their own seed (App. M, Table 51; readers R-D7, R-D13,
+R-D14, R-D23, R-D24, R-D25).
 
 A variant (params `variants.arms.<name>`) is trained, evaluated and read by the own-heads chain
-under `variants.dir`; the main arms it is compared with (Mistill and fp32 Vanilla CoT-KD of the
-same student) live under the artifacts root with the labels of `evaluate.own_heads.arms`.  Everything is
-read at the variant's seed, so a comparison is seed-matched by construction.
+under `variants.dir`; the main arms it is compared with (Mistill, fp32 Vanilla CoT-KD and the untrained
+student of the same student) live under the artifacts root with the labels of `evaluate.own_heads.arms`.
+Everything is read at the variant's seed, so a comparison is seed-matched by construction; other variants
+of the same student and seed join as arms of their own names (`others`), and `across` pairs two single
+runs read at different seeds where a result pairs them so.
 
 `VariantReadout` gives the cells Table 51's rows share: the own top-k knock-in recovery per phase (median
-over test notes), the paired per-note difference against a main arm, the M2 region lift, corpus micro-F1,
-the share of generations that reach the token cap, M1 at a phase, and the run's recorded λ.
+over test notes, or its mean), the paired per-note difference against another arm, the M2 region lift and
+emitted-prefix share, the own top-k sets and the pools a run supervised, corpus micro-F1 and per-note F1
+differences, the share of generations that reach the token cap, M1 at a phase, and the run's config.
 """
 
 from __future__ import annotations
@@ -33,8 +37,8 @@ from mistill.evaluate.readout import (
 from mistill.io import read_json
 from mistill.stats import StatsParams
 
-REFERENCES = {"mistill": "mistill", "vanilla": "vanilla_fp32", "untrained": "untrained"}   # what a variant is
-                                                                                  # compared with
+# the main arms a variant is compared with: readout arm name -> Table 3 row (without the student's family)
+REFERENCES = {"mistill": "mistill", "vanilla": "vanilla_fp32", "untrained": "untrained"}
 
 
 def across(arm: dict[str, float], reference: dict[str, float], stats: StatsParams) -> dict | None:
@@ -45,7 +49,8 @@ def across(arm: dict[str, float], reference: dict[str, float], stats: StatsParam
 
 @dataclass
 class VariantReadout:
-    """The variant `name` and its references (Mistill, fp32 Vanilla CoT-KD) at the variant's seed."""
+    """The variant `name`, the `others` and the references (Mistill, fp32 Vanilla CoT-KD, the untrained student)
+    at the variant's seed."""
 
     name: str
     params: dict
