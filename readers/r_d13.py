@@ -69,7 +69,7 @@ class Readouts:
         return [(self.smol if seed == self.smol.seed else self.smol1, seed) for seed in self.mistill_seeds]
 
     def where(self, *cells: tuple[VariantReadout, str]) -> str:
-        return "; ".join(read.where(arm) for read, arm in cells)
+        return ", ".join(read.where(arm) for read, arm in cells)
 
 
 def _difference(a: dict, b: dict, stats) -> float:

@@ -65,7 +65,7 @@ def compute_values(params: dict) -> tuple[dict, list[Path]]:
     for key, first in (("extra_loss_start_evw4_vs_mistill", True), ("extra_loss_end_evw4_vs_mistill", False)):
         v[key] = value([step_extra(r, first=first) for r in runs],
                        f"loss added to the CoT loss at the {'first' if first else 'last'} optimiser step, "
-                       f"event-weighted Vanilla and Mistill (seed {read.seed}), nats", f"{runs[0]} ; {runs[1]}")
+                       f"event-weighted Vanilla and Mistill (seed {read.seed}), nats", f"{runs[0]}, {runs[1]}")
     return {key: cell for key, cell in v.items() if cell is not None}, sorted(set(read.inputs))
 
 

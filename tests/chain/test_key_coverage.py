@@ -31,7 +31,7 @@ from mistill.io import write_json, write_jsonl
 from mistill.params import load_params
 from mistill.repro.check import NOT_REPRODUCED, PASS, run_check
 from mistill.repro.registry import load_registry
-from mistill.repro.text_fields import statistic_problem
+from mistill.repro.text_fields import artifact_problem, statistic_problem
 from mistill.stats import StatsParams
 from tests.chain.test_readers import GOLD, write_arm
 from tests.repro.repro_helpers import REPO, paper_values, write_fixture
@@ -108,6 +108,10 @@ def _assert_writes_what_it_lists(module, params, values):
     assert sorted(set(module.keys(params)) - set(values)) == [], "listed but not written on complete artifacts"
     for key, record in values.items():
         assert statistic_problem(record["statistic"]) is None, (key, record["statistic"])
+        artifact = record["artifact"]   # its roots shortened: a test's temporary directories are long
+        for root in sorted({params["paths"]["artifacts"], params["variants"]["dir"]}, key=len, reverse=True):
+            artifact = artifact.replace(str(root), "artifacts")
+        assert artifact_problem(artifact) is None, (key, record["artifact"])
 
 
 def _patch_rows(rng, note: str, bins, n_heads_total: int) -> tuple[list[dict], dict[int, np.ndarray]]:
