@@ -53,14 +53,15 @@ def test_every_figure_renders_from_the_committed_results(registry, results, tmp_
     assert figs["figure5"].drawn == (4 + 3 * 4) + (4 + 2 * 4) + 3 + 4 and not figs["figure5"].missing
     # Figure 1 from R-C6 at the demo's set sizes (its own keys, the second reference of each ablation bar)
     assert figs["figure1"].drawn == 11 and not figs["figure1"].missing
-    # Figure 2 is partial: the main arms the demo trained drawn from R-D6 (untrained, bf16 Vanilla and Mistill per
-    # student, the teacher and floor lines; the SmolLM3 Mistill bar falls back from R-D7's seed-0 cell to R-D6's),
-    # the controls' (R-D7, R-D13, R-D14) shown as ?? and counted
-    assert figs["figure2"].drawn == 8 and "R-D7.qwen_randpos_own_p2c" in figs["figure2"].missing
-    assert not any(m.startswith(("R-D6.", "R-D7.smollm_mistill_s0")) for m in figs["figure2"].missing)
-    assert report.missing["figures/figure2"] == figs["figure2"].missing
-    assert "R-D7.qwen_randpos_own_p2c" in report.shown_missing()
-    assert report.figures.summary() == ("figures: 12 rendered, 9 from numbers files (3 with ?? points), "
+    # Figure 2 whole: the main arms from R-D6 (untrained, bf16 Vanilla and Mistill per student), the teacher and
+    # floor lines, and every control of R-D7, R-D13 and R-D14 (14 + 1 and 8 + 1 marks)
+    assert figs["figure2"].drawn == 24 and not figs["figure2"].missing
+    # without R-D7 its bars are shown as ?? and counted; the SmolLM3 Mistill bar falls back to R-D6's seed-0 cell
+    (results / "R-D7.json").unlink()
+    partial = {f.name: f for f in render(registry, results, tmp_path / "partial").figures.figures}["figure2"]
+    assert partial.drawn == 24 - 5 and "R-D7.qwen_randpos_own_p2c" in partial.missing
+    assert not any(m.startswith(("R-D6.", "R-D7.smollm_mistill_s0")) for m in partial.missing)
+    assert report.figures.summary() == ("figures: 12 rendered, 9 from numbers files (1 with ?? points), "
                                         "3 missing-data placeholder(s)")
     index = (tmp_path / "build" / "figures" / "index.md").read_text()
     assert "![repro-knockin-by-k](repro-knockin-by-k.png)" in index and "missing-data placeholder" in index
