@@ -54,10 +54,14 @@ def cmd_targets(args) -> int:
     return 0
 
 
+TARGETS_OPTIONS = ("teacher", "head_sets", "prose_sets", "traces", "notes", "events_dir")   # `targets`' overrides
+
+
 def teacher_targets(params: dict, args, out: Path, *, positions: str = "events", position_seed: int = 0,
                     note_ids: set[str] | None = None) -> dict:
-    """The teacher's targets for the training notes (or `note_ids`) into `out` (App. I.5); `args` may override
-    the teacher, its head sets, the prose sets, traces, notes and events directory (None: params distill)."""
+    """The teacher's targets for the training notes (or `note_ids`) into `out` (App. I.5); `args` holds the
+    TARGETS_OPTIONS overrides of the teacher, its head sets, the prose sets, traces, notes and events
+    directory (None: params distill)."""
     import torch
 
     from mistill.distill import pools as pl
@@ -73,15 +77,15 @@ def teacher_targets(params: dict, args, out: Path, *, positions: str = "events",
     # the teacher as it ran the traces (dtype, YaRN, revision); sdpa: the same function as eager, no T x T weights
     teacher = ModelSpec.from_params(params["models"], teacher_spec, base="teacher", attn_implementation="sdpa")
     model, tokenizer = load_model(teacher, device=resolve_device(params["models"].get("device")))
-    head_sets = pl.load_head_sets(getattr(args, "head_sets", None) or cfg["teacher_head_sets"])
+    head_sets = pl.load_head_sets(args.head_sets or cfg["teacher_head_sets"])
     k = int(cfg["pool_k"]["teacher"])
     pools = pl.build_pools(head_sets, k, source="teacher head sets")
-    prose = prose_pool(cfg, k, getattr(args, "prose_sets", None)) if int(cfg["window"]) > 0 else None
-    traces = _load_traces(Path(getattr(args, "traces", None) or cfg["traces"]),
-                          note_ids or _train_ids(Path(getattr(args, "notes", None) or cfg["train_notes"])))
+    prose = prose_pool(cfg, k, args.prose_sets) if int(cfg["window"]) > 0 else None
+    traces = _load_traces(Path(args.traces or cfg["traces"]),
+                          note_ids or _train_ids(Path(args.notes or cfg["train_notes"])))
     if not traces:
         raise UserError("no teacher traces for the training notes")
-    return compute_targets(model, tokenizer, traces, Path(getattr(args, "events_dir", None) or cfg["events_dir"]),
+    return compute_targets(model, tokenizer, traces, Path(args.events_dir or cfg["events_dir"]),
                            out, pools, prose, window=int(cfg["window"]), topk=int(cfg["topk"]),
                            teacher_id=str(teacher_spec), teacher_hash=model_fingerprint(teacher),
                            provenance=provenance({"distill": cfg}, seed=None), positions=positions,
@@ -163,8 +167,9 @@ def cmd_train(args) -> int:
         out = out or run_dir(cfg["runs_dir"], student_key, args.arm, precision, seed)
         notes = read_json(targets_dir / "manifest.json", "targets manifest")["notes"]
         targets_dir = out / "targets"
-        teacher_targets(params, argparse.Namespace(teacher=args.teacher), targets_dir, positions=args.positions,
-                        position_seed=seed, note_ids=set(notes))
+        overrides = argparse.Namespace(**{**dict.fromkeys(TARGETS_OPTIONS), "teacher": args.teacher})
+        teacher_targets(params, overrides, targets_dir, positions=args.positions, position_seed=seed,
+                        note_ids=set(notes))
     teacher_spec = args.teacher or params["models"]["teacher"]
     teacher = ModelSpec.from_params(params["models"], teacher_spec, base="teacher")
     # the targets name their teacher by its files: the teacher is loaded only for RandPos targets, above

@@ -56,7 +56,7 @@ def step_extra(run_dir: Path, *, first: bool) -> float:
     terms at its config's λs, or an event-weighted Vanilla run's `event_extra` (App. M.1, the evw4 control)."""
     metrics, config = run_dir / "metrics.jsonl", run_dir / "config.json"
     if not metrics.is_file() or not config.is_file():
-        raise UserError(f"{run_dir}: no training log of the reference run; train it first")
+        raise UserError(f"{run_dir}: no training log (metrics.jsonl and config.json); train it first")
     rows = read_metrics(metrics)
     step = 1 if first else max((r.get("step", 0) for r in rows), default=0)
     rows = [r for r in rows if r.get("step") == step]

@@ -28,6 +28,7 @@ import numpy as np
 
 from mistill.distill import buckets as bk
 from mistill.distill.alignment import KINDS, CompetitorMap, decision_row
+from mistill.distill.mechanism import note_view
 
 
 def note_generator(position_seed: int, note_id: str) -> np.random.Generator:
@@ -41,19 +42,16 @@ def relocate_events(events: list[dict], competitors: list[list[str]], tokenizer,
     """The P1 / P2 / P2C events of one trace at random completion positions (module docstring); NULL events and
     any other rows are returned unchanged, in the original order.  `competitors`: each event's competitor
     strings (`targets.competitor_strings`)."""
-    axis = bk.build_axis(prompt, completion)
-    prefix = tokenizer.chat_prompt(axis.prompt)
-    text = prefix + axis.completion
-    enc = tokenizer.encode(text)
-    completion_at = len(prefix)
-    first = next((i for i, (s, _) in enumerate(enc.offsets) if s >= completion_at), len(enc.ids))
+    # the teacher's own tokenization of the trace, as its targets pass sees it
+    view = note_view(tokenizer, bk.build_axis(prompt, completion), events, competitors)
+    ids, offsets, text, completion_at = view.ids, view.offsets, view.text, view.completion_at
     taken = {int(e["pos"]) for e in events if e.get("pos") is not None and int(e["pos"]) >= 0}
     for e in events:   # an event's own token, found from its anchor as realisation finds it
-        q = decision_row(enc.offsets, text, completion_at + int(e["anchor"])) if "anchor" in e else None
+        q = decision_row(offsets, text, completion_at + int(e["anchor"])) if "anchor" in e else None
         if q is not None:
             taken.add(q + 1)
-    candidates = [t for t in range(max(first, 1), len(enc.ids)) if t not in taken
-                  and decision_row(enc.offsets, text, enc.offsets[t][0]) == t - 1]
+    candidates = [t for t in range(max(view.completion_token, 1), len(ids)) if t not in taken
+                  and decision_row(offsets, text, offsets[t][0]) == t - 1]
     order = [candidates[i] for i in note_generator(position_seed, note_id).permutation(len(candidates))]
     competitor_map, used, out = CompetitorMap(tokenizer), set(), []
     for event, comps in zip(events, competitors):
@@ -63,11 +61,11 @@ def relocate_events(events: list[dict], competitors: list[list[str]], tokenizer,
         for t in order:
             if t in used:
                 continue
-            s, e = enc.offsets[t]
-            ids = competitor_map.competitors(text[s:e], comps)
-            if ids and enc.ids[t] not in ids:
+            s, e = offsets[t]
+            competitor_ids = competitor_map.competitors(text[s:e], comps)
+            if competitor_ids and ids[t] not in competitor_ids:
                 used.add(t)
-                out.append({**event, "pos": t, "anchor": s - completion_at, "target_id": int(enc.ids[t]),
+                out.append({**event, "pos": t, "anchor": s - completion_at, "target_id": int(ids[t]),
                             "competitors": list(comps), "prefix": "", "moved_from": event.get("pos")})
                 break
     return out
