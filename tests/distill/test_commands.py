@@ -213,3 +213,77 @@ def test_trace_without_events_is_refused(project, capsys):
     assert main(["distill", "targets"]) == 2
     assert "no P1/P2/P2C events" in capsys.readouterr().err
     assert not (project / "targets" / "manifest.json").exists()
+
+
+def _select_from(project, lambdas: tuple[float, float]) -> None:
+    """params distill.lambda_from naming grid g, whose pick (as DT-select@g writes it) is `lambdas`."""
+    params = yaml.safe_load((project / "params.yaml").read_text())
+    for key in ("lambda_p1", "lambda_p2"):
+        del params["demo"]["distill"][key]
+    params["demo"]["distill"]["lambda_from"] = "g"
+    params["demo"]["selection"] = {"dir": "select", "grids": {}}
+    (project / "params.yaml").write_text(yaml.safe_dump(params))
+    write_json(project / "select" / "g.json", {"selected": {"lambda_p1": lambdas[0], "lambda_p2": lambdas[1]}})
+
+
+def test_mistill_runs_train_with_the_selected_lambda(project, capsys):
+    """Issue of the grid: the λ the selection stage picks is what `distill train` gives the Mistill objective
+    (and what a variant that changes one weight keeps of the other); Vanilla CoT-KD's record is untouched."""
+    _select_from(project, (0.37, 0.37))
+    params = yaml.safe_load((project / "params.yaml").read_text())
+    params["demo"]["variants"] = {"dir": "variants", "arms": {
+        "p1only": {"student": "qwen", "seed": 0, "precision": "bf16", "lambda_p2": 0.0}}}
+    (project / "params.yaml").write_text(yaml.safe_dump(params))
+    assert main(["distill", "targets"]) == 0
+    for argv in (["--arm", "mistill"], ["--variant", "p1only"], ["--arm", "vanilla"]):
+        assert main(["distill", "train", *argv]) == 0
+    arm = {name: json.loads((project / path / "config.json").read_text())["arm"] for name, path in (
+        ("mistill", "runs/DT-001/student-qwen-mistill-bf16-s0"), ("p1only", "variants/DT-001/student-qwen-p1only-bf16-s0"),
+        ("vanilla", "runs/DT-000/student-qwen-vanilla-fp32-s0"))}
+    assert (arm["mistill"]["lambda_p1"], arm["mistill"]["lambda_p2"]) == (0.37, 0.37)
+    assert (arm["p1only"]["lambda_p1"], arm["p1only"]["lambda_p2"]) == (0.37, 0.0)
+    assert arm["vanilla"]["lambda_p1"] == 0.1   # the dataclass default: Vanilla has no mechanism terms
+
+    (project / "select" / "g.json").unlink()
+    assert main(["distill", "train", "--arm", "mistill", "--seed", "1"]) == 2
+    assert "no λ selection (run `dvc repro DT-select@g`)" in capsys.readouterr().err
+    params["demo"]["distill"]["lambda_p1"] = 0.1
+    (project / "params.yaml").write_text(yaml.safe_dump(params))
+    assert main(["distill", "train", "--arm", "mistill", "--seed", "1"]) == 2
+    assert "not both" in capsys.readouterr().err
+
+
+def test_select_applies_the_rule_and_takes_one_outward_step(project, monkeypatch):
+    """`distill select`: the cells' readouts through the rule of mistill.distill.selection, one outward step when
+    the pick sits on the grid's edge, and the pick written where the runs read it."""
+    from mistill.distill import selection_commands
+    from mistill.distill.selection import Cell
+
+    readouts = {0.3: (0.40, 0.90), 1.0: (0.35, 0.95), 3.0: (0.30, 0.99), 0.1: (0.398, 0.97)}
+    trained = []
+
+    def fake_cell(parsers, name, entry, lam, grid_dir, validation):
+        trained.append(lam)
+        return Cell(lam, *readouts[lam])
+
+    monkeypatch.setattr(selection_commands, "run_cell", fake_cell)
+    _select_from(project, (0.1, 0.1))
+    params = yaml.safe_load((project / "params.yaml").read_text())
+    params["demo"]["selection"] = {"dir": "select", "notes": "train.jsonl", "traces": "traces.jsonl",
+                                   "events_dir": "events", "grids": {"g": {
+                                       "student": "qwen", "seed": 0, "precision": "bf16", "lambdas": [1, 0.3, 3],
+                                       "band": 0.004, "extend": True, "heads": "random"}}}
+    (project / "params.yaml").write_text(yaml.safe_dump(params))
+    assert main(["distill", "select", "--grid", "g"]) == 0
+    chosen = json.loads((project / "select" / "g.json").read_text())
+    assert trained == [0.3, 1.0, 3.0, 0.1]     # 0.3 on the edge: one step down the series
+    assert chosen["tied"] == [0.1, 0.3] and chosen["selected"] == {"lambda_p1": 0.1, "lambda_p2": 0.1}
+    assert chosen["outward_step"] == 0.1 and [c["lambda"] for c in chosen["cells"]] == [0.1, 0.3, 1.0, 3.0]
+    assert (project / "select" / "g" / "m1_notes.jsonl").read_text().count("note_id") == 2
+
+    args = selection_commands._cell_args("g", params["demo"]["selection"]["grids"]["g"], 0.3, project / "run")
+    assert args[args.index("--lambda-p1") + 1] == args[args.index("--lambda-p2") + 1] == "0.3"
+    assert args[args.index("--heads") + 1] == "random"   # a grid's recipe switch reaches its cells
+    params["demo"]["selection"]["grids"]["g"]["dose"] = "match"
+    (project / "params.yaml").write_text(yaml.safe_dump(params))
+    assert main(["distill", "select", "--grid", "g"]) == 2

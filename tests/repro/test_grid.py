@@ -93,3 +93,29 @@ def test_a_control_is_one_params_entry_that_adds_its_stages_and_stales_nothing_e
         assert not reads_whole_list, (name, reads_whole_list)
         if name.startswith("DT-variant@") and name != "DT-variant@fakectl":
             assert "profile.variants.arms.fakectl" not in params
+
+
+@pytest.mark.filterwarnings("ignore::DeprecationWarning")
+def test_the_mistill_runs_depend_on_the_selection_stage_they_read(tmp_path):
+    """Issue of the grid: the λ the selection picks reaches the Mistill runs by DVC dependency: every DT-001 and
+    DT-variant stage depends on the file DT-select@<distill.lambda_from> writes, so a new pick retrains them."""
+    import shutil
+    import subprocess
+
+    from dvc.repo import Repo
+
+    for name in ("dvc.yaml", "params.yaml"):
+        shutil.copy(REPO / name, tmp_path / name)
+    subprocess.run([sys.executable, "-m", "dvc", "init", "--no-scm", "-q"], cwd=tmp_path, check=True)
+    params = load_params(REPO / "params.yaml")
+    pick = f"{params['selection']['dir']}/{params['distill']['lambda_from']}.json"
+    with Repo(str(tmp_path)) as repo:
+        stages = {stage.name: stage for stage in repo.index.stages}
+        writers = [name for name, stage in stages.items() if pick in [str(o) for o in stage.outs]]
+        assert writers == [f"DT-select@{params['distill']['lambda_from']}"]
+        readers = [name for name, stage in stages.items() if pick in [str(d) for d in stage.deps]]
+        trained = [n for n in stages if n.startswith(("DT-001@", "DT-variant@"))]
+        assert trained and set(trained) <= set(readers)
+        assert not [n for n in readers if n.startswith("DT-000@")]   # Vanilla CoT-KD has no λ
+        graph = repo.index.graph
+        assert all(graph.has_edge(stages[n], stages[writers[0]]) for n in trained)

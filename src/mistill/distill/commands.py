@@ -118,6 +118,22 @@ def run_identity(student_spec, teacher_spec, targets_dir: Path, manifest: dict) 
             "targets": str(targets_dir)}
 
 
+def recipe_lambdas(params: dict) -> tuple[float, float]:
+    """The recipe's λ_P1, λ_P2: the pick of the selection grid params distill.lambda_from names (App. I.3; the
+    stage DT-select@<grid>, a dependency of every run that reads it), or fixed distill.lambda_p1/lambda_p2."""
+    from mistill.distill.selection_commands import selected_lambdas
+
+    cfg = params["distill"]
+    fixed = "lambda_p1" in cfg or "lambda_p2" in cfg
+    if cfg.get("lambda_from") and fixed:
+        raise UserError("params distill: give lambda_from (a selection grid) or lambda_p1 and lambda_p2, not both")
+    if cfg.get("lambda_from"):
+        return selected_lambdas(params.get("selection") or {}, cfg["lambda_from"])
+    if not ("lambda_p1" in cfg and "lambda_p2" in cfg):
+        raise UserError("params distill: no loss weights; give lambda_from (a selection grid) or lambda_p1 and lambda_p2")
+    return float(cfg["lambda_p1"]), float(cfg["lambda_p2"])
+
+
 def apply_variant(args, variants: dict) -> Path:
     """Set `args` from the variant entry `args.variant` (params variants.arms): its student, seed,
     precision and switches, which options given on the command line override; return its run directory."""
@@ -182,8 +198,12 @@ def cmd_train(args) -> int:
                                                             attn_implementation="sdpa"),
                                      device=resolve_device(params["models"].get("device")))
     terms = tuple(t.strip() for t in (args.terms or ",".join(cfg["terms"])).split(",") if t.strip())
-    arm = arms.ArmConfig(arm=args.arm, lambda_p1=float(args.lambda_p1 if args.lambda_p1 is not None else cfg["lambda_p1"]),
-                         lambda_p2=float(args.lambda_p2 if args.lambda_p2 is not None else cfg["lambda_p2"]),
+    weights = {}   # Vanilla CoT-KD has no mechanism terms: its record keeps ArmConfig's defaults
+    if args.arm == "mistill":
+        base = recipe_lambdas(params) if None in (args.lambda_p1, args.lambda_p2) else (None, None)
+        weights = {f"lambda_{p}": float(given if given is not None else default)
+                   for p, given, default in (("p1", args.lambda_p1, base[0]), ("p2", args.lambda_p2, base[1]))}
+    arm = arms.ArmConfig(arm=args.arm, **weights,
                          terms=terms, write_norm=bool(args.write_norm or cfg["write_norm"]),
                          window=int(args.window if args.window is not None else cfg["window"]),
                          event_weight=float(args.event_weight if args.event_weight is not None else 1.0))
@@ -305,3 +325,6 @@ def register(subparsers) -> None:
     p.add_argument("--out", help="run directory (default: <runs_dir>/DT-00x/student-<label>-<arm>-<precision>-s<seed>)")
     p.set_defaults(func=cmd_train)
 
+    from mistill.distill import selection_commands
+
+    selection_commands.register(subparsers)

@@ -133,14 +133,21 @@ def cmd_m1(args) -> int:
 ARM_FILES = {"generate": "generations.jsonl", "task": "task.json", "fidelity": "fidelity.json", "m1": "m1.json"}
 
 
-def arm_steps(model: str, out_dir: Path, m1_notes: str | None) -> list[list[str]]:
-    """The single commands `arm` runs, in order (the readers find their files by these names)."""
+def arm_steps(model: str, out_dir: Path, m1_notes: str | None, notes: str | None = None,
+              teacher_traces: str | None = None, events_dir: str | None = None) -> list[list[str]]:
+    """The single commands `arm` runs, in order (the readers find their files by these names); `notes`,
+    `teacher_traces` and `events_dir` replace params evaluate's test notes, traces and events (validation)."""
     gens = str(out_dir / ARM_FILES["generate"])
-    m1_args = ["--notes", m1_notes] if m1_notes else []
-    return [["generate", "--model", model, "--out", gens],
-            ["task", "--generations", gens, "--out", str(out_dir / ARM_FILES["task"])],
-            ["fidelity", "--generations", gens, "--model", model, "--out", str(out_dir / ARM_FILES["fidelity"])],
-            ["m1", "--model", model, *m1_args, "--out", str(out_dir / ARM_FILES["m1"])]]
+
+    def given(**options) -> list[str]:
+        return [arg for name, v in options.items() if v for arg in (f"--{name.replace('_', '-')}", str(v))]
+
+    return [["generate", "--model", model, *given(notes=notes), "--out", gens],
+            ["task", "--generations", gens, *given(notes=notes), "--out", str(out_dir / ARM_FILES["task"])],
+            ["fidelity", "--generations", gens, "--model", model, *given(notes=notes, teacher_traces=teacher_traces),
+             "--out", str(out_dir / ARM_FILES["fidelity"])],
+            ["m1", "--model", model, *given(notes=m1_notes, teacher_traces=teacher_traces, events_dir=events_dir),
+             "--out", str(out_dir / ARM_FILES["m1"])]]
 
 
 def cmd_arm(args) -> int:
@@ -151,7 +158,8 @@ def cmd_arm(args) -> int:
 
     parser = build_parser("evaluate")
     shard = Shard.from_env()
-    generate, *readers = arm_steps(args.model, Path(args.out_dir), args.m1_notes)
+    generate, *readers = arm_steps(args.model, Path(args.out_dir), args.m1_notes, args.notes, args.teacher_traces,
+                                   args.events_dir)
     for step in [generate, *(readers if shard.leader else [])]:
         step_args = parser.parse_args(["evaluate", *step])
         status = step_args.func(step_args)
@@ -165,6 +173,9 @@ def register(subparsers) -> None:
     p.add_argument("--model", required=True, help="the arm's model spec")
     p.add_argument("--out-dir", required=True, help=f"the arm's evaluation directory ({', '.join(ARM_FILES.values())})")
     p.add_argument("--m1-notes", help="notes whose events M1 reads (e.g. the test notes with events)")
+    p.add_argument("--notes", help="notes generated on and scored (default: params evaluate.test_notes)")
+    p.add_argument("--teacher-traces", help="the teacher's traces of them (default: params evaluate.teacher_traces)")
+    p.add_argument("--events-dir", help="their events, which M1 reads (default: params evaluate.events_dir)")
     p.set_defaults(func=cmd_arm, sharded=generation_processes)   # one process per vLLM engine
 
     p = subparsers.add_parser("task", help="micro/macro-F1, P@k, PSP@k, head/tail, valid rate (App. K)")

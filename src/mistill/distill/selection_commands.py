@@ -1,0 +1,145 @@
+"""`mistill distill select --grid <name>`: one validation λ selection, the stage DT-select@<name>.
+
+A grid entry (params `selection.grids.<name>`) names the student, seed and precision of its cells, the λs,
+the tie band, whether the grid may take its one outward step, and any recipe switch of a variant
+(`heads: random` for the RandHeads pool of App. M.2). Each cell is a Mistill run at λ_P1 = λ_P2 = λ,
+trained and evaluated through the same commands as every arm (`distill train`, `evaluate arm`), on the
+validation notes of params `selection` with the teacher's traces and events there.
+The rule is `mistill.distill.selection`. Written:
+
+    <selection.dir>/<name>/l<λ>/{run/, generations.jsonl, task.json, fidelity.json, m1.json, cell.json}
+    <selection.dir>/<name>.json      the cells, the tied set and the pick: what the Mistill runs read
+
+A killed selection resumes: a finished cell whose readout names its model's weights is not run again.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from mistill.distill.runs import VARIANT_IDENTITY, VARIANT_SWITCHES
+from mistill.distill.selection import Cell, check_grid, outward_step, pick, tied
+from mistill.errors import UserError
+
+GRID_RULE = ("lambdas", "band", "extend")
+# what a grid's cells may change besides λ: a variant's switches, less those that set or rescale λ
+GRID_SWITCHES = tuple(s for s in VARIANT_SWITCHES if s not in ("arm", "lambda_p1", "lambda_p2", "dose"))
+
+
+def grid_entry(selection: dict, name: str) -> dict:
+    """params `selection.grids.<name>`, checked."""
+    grids = (selection or {}).get("grids") or {}
+    if name not in grids:
+        raise UserError(f"unknown selection grid {name!r}; params selection.grids names "
+                        f"{', '.join(sorted(grids)) or 'none'}")
+    entry = dict(grids[name])
+    missing = [k for k in (*VARIANT_IDENTITY, *GRID_RULE) if k not in entry]
+    unknown = sorted(set(entry) - set(VARIANT_IDENTITY) - set(GRID_RULE) - set(GRID_SWITCHES))
+    if missing or unknown:
+        raise UserError(f"params selection.grids.{name}: "
+                        + "; ".join([f"missing {', '.join(missing)}"] * bool(missing)
+                                    + [f"unknown keys {', '.join(unknown)} (switches: {', '.join(GRID_SWITCHES)})"]
+                                    * bool(unknown)))
+    entry["lambdas"] = check_grid(entry["lambdas"])
+    return entry
+
+
+def selection_file(selection: dict, name: str) -> Path:
+    """The pick of grid `name`: what a Mistill run whose params name this grid (distill.lambda_from) reads."""
+    return Path(selection["dir"]) / f"{name}.json"
+
+
+def selected_lambdas(selection: dict, name: str) -> tuple[float, float]:
+    from mistill.io import read_json
+
+    path = selection_file(selection, name)
+    if not path.is_file():
+        raise UserError(f"{path}: no λ selection (run `dvc repro DT-select@{name}`)")
+    chosen = read_json(path, "λ selection")["selected"]
+    return float(chosen["lambda_p1"]), float(chosen["lambda_p2"])
+
+
+def _cell_args(name: str, entry: dict, lam: float, run: Path) -> list[str]:
+    args = ["distill", "train", "--arm", "mistill", "--student", f"student_{entry['student']}",
+            "--precision", entry["precision"], "--seed", str(int(entry["seed"])),
+            "--lambda-p1", f"{lam:g}", "--lambda-p2", f"{lam:g}", "--out", str(run)]
+    for switch in GRID_SWITCHES:
+        if switch in entry:
+            value = ",".join(entry[switch]) if switch == "terms" else entry[switch]
+            args += [f"--{switch.replace('_', '-')}", str(value)]
+    return args
+
+
+def run_cell(parsers: dict, name: str, entry: dict, lam: float, grid_dir: Path, validation: dict) -> Cell:
+    """Train and evaluate one cell, or read it back when its readout names the weights on disk."""
+    from mistill.io import file_sha256, read_json, write_json
+
+    cell_dir = grid_dir / f"l{lam:g}"
+    run, readout = cell_dir / "run", cell_dir / "cell.json"
+    weights = run / "model" / "model.safetensors"
+    if readout.is_file() and weights.is_file():
+        done = read_json(readout, "selection cell")
+        if done.get("weights_sha256") == file_sha256(weights):
+            return Cell(lam, float(done["micro_f1"]), float(done["m1_p2c"]))
+    steps = [_cell_args(name, entry, lam, run),   # the arm's evaluation on the validation notes
+             ["evaluate", "arm", "--model", str(run / "model"), "--out-dir", str(cell_dir), "--notes", validation["notes"],
+              "--teacher-traces", validation["traces"], "--events-dir", validation["events_dir"],
+              "--m1-notes", str(validation["m1_notes"])]]
+    for step in steps:
+        step_args = parsers[step[0]].parse_args(step)
+        status = step_args.func(step_args)
+        if status:
+            raise UserError(f"selection cell λ={lam:g} of grid {name}: `mistill {' '.join(step)}` exited {status}")
+    cell = Cell(lam, float(read_json(cell_dir / "task.json", "task metrics")["metrics"]["micro_f1"]),
+                float(read_json(cell_dir / "m1.json", "M1")["m1"]["P2C"]["p_margin_positive"]))
+    write_json(readout, {"lambda": lam, "micro_f1": cell.micro_f1, "m1_p2c": cell.m1_p2c,
+                         "weights_sha256": file_sha256(weights)})
+    return cell
+
+
+def cmd_select(args) -> int:
+    from mistill.cli import build_parser
+    from mistill.io import provenance, write_json
+    from mistill.params import load_params
+
+    params = load_params()
+    selection = params.get("selection") or {}
+    entry = grid_entry(selection, args.grid)
+    grid_dir = Path(selection["dir"]) / args.grid
+    grid_dir.mkdir(parents=True, exist_ok=True)
+    validation = {key: str(selection[key]) for key in ("notes", "traces", "events_dir")}
+    # M1 reads the validation notes whose teacher trace has events; the task reads every validation note
+    validation["m1_notes"] = grid_dir / "m1_notes.jsonl"
+    parsers = {group: build_parser(group) for group in ("distill", "evaluate")}   # each step through its command
+    notes_args = parsers["evaluate"].parse_args(["evaluate", "notes-with-events", "--notes", validation["notes"],
+                                    "--events-dir", validation["events_dir"], "--out", str(validation["m1_notes"])])
+    notes_args.func(notes_args)
+
+    band = float(entry["band"])
+    cells = [run_cell(parsers, args.grid, entry, lam, grid_dir, validation) for lam in entry["lambdas"]]
+    chosen = pick(cells, band)
+    step = outward_step(entry["lambdas"], chosen.lam) if entry["extend"] else None
+    if step is not None:
+        print(f"grid {args.grid}: the pick λ={chosen.lam:g} sits on the edge; one outward step to λ={step:g}")
+        cells.append(run_cell(parsers, args.grid, entry, step, grid_dir, validation))
+        chosen = pick(cells, band)
+    ties = tied(cells, band)
+    write_json(selection_file(selection, args.grid), {
+        "grid": args.grid, "entry": {k: v for k, v in entry.items() if k != "lambdas"},
+        "lambdas": sorted(c.lam for c in cells), "outward_step": step,
+        "cells": [{"lambda": c.lam, "micro_f1": c.micro_f1, "m1_p2c": c.m1_p2c} for c in sorted(cells, key=lambda c: c.lam)],
+        "tied": sorted(c.lam for c in ties),
+        "selected": {"lambda_p1": chosen.lam, "lambda_p2": chosen.lam},
+        "validation": {"notes": validation["notes"], "traces": validation["traces"],
+                       "events_dir": validation["events_dir"]},
+        "provenance": provenance({"selection": selection}, seed=int(entry["seed"]))})
+    print(f"grid {args.grid}: " + ", ".join(f"λ={c.lam:g} F1={c.micro_f1:.4f} M1(P2C)={c.m1_p2c:.3f}"
+                                          for c in sorted(cells, key=lambda c: c.lam))
+          + f"; tied {[f'{c.lam:g}' for c in ties]} -> λ={chosen.lam:g}")
+    return 0
+
+
+def register(subparsers) -> None:
+    p = subparsers.add_parser("select", help="the validation λ selection of one grid (App. I.3, I.4, M.2)")
+    p.add_argument("--grid", required=True, help="params selection.grids entry")
+    p.set_defaults(func=cmd_select)
