@@ -6,7 +6,7 @@ Five recipe variants of the Qwen student at seed 0 (params variants.arms), each 
     p2only     lambda_P1 = 0: phase-2 (within-chapter) supervision alone
     attnonly   the attention term alone (terms [attn])
     interonly  the interaction term alone (terms [inter])
-    lam003     lambda_P1 = lambda_P2 = 0.03, a third of the dose
+    lam003     lambda_P1 = lambda_P2 = 0.03, the paper's third of its selected 0.1
 
 and RandHeads at seed 1 (random heads from the top-k pool's layers, pool seed 1), read for its task alone.
 Read beside each other, Mistill and the untrained student at seed 0

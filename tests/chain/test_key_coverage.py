@@ -1308,3 +1308,145 @@ def test_r_c5_writes_the_paper_keys_on_a_paper_shaped_read_side(paper_hd001, tmp
     panel = json.loads((tmp_path / "HD-001-read" / "readside" / "read_panel.json").read_text())["panel"]
     ranked = {h for group in ("top", "bottom") for hs in panel[group].values() for h in hs} | set(panel["random"])
     assert values["read_panel_size"]["value"] == len(ranked) <= 16 * 6
+
+
+def test_r_d10_lambda_selection_by_hand(tmp_path):
+    """The selection grid's readout: its pick and cells as DT-select wrote them, answers, caps, M1 per note and the
+    cells' training logs set by hand, read beside the validation references (EV-val)."""
+    from mistill.evaluate.task import task_metrics
+    from tests.chain.test_readers import TRAIN_GOLD, note_f1
+
+    params = _variant_params(tmp_path)
+    selection = params["selection"]
+    selection["dir"], selection["notes"] = str(tmp_path / "select"), str(tmp_path / "val.jsonl")
+    write_jsonl(tmp_path / "val.jsonl", [{"note_id": n, "patient_id": f"p{n}", "text": "x", "gold_codes": g,
+                                          "split": "val"} for n, g in GOLD.items()])
+    grid = params["distill"]["lambda_from"]
+    root = tmp_path / "select"
+
+    def evaluation(path: Path, preds: dict, m1_per_note: dict) -> None:
+        notes = list(GOLD)
+        write_jsonl(path / "generations.jsonl", [{"note_id": n, "valid": p is not None, "answer": p or [],
+                                                  "hit_cap": p is None} for n, p in preds.items()])
+        write_json(path / "task.json", {"metrics": task_metrics([preds[n] or [] for n in notes], [GOLD[n] for n in notes],
+                                                                [preds[n] is not None for n in notes], TRAIN_GOLD)})
+        write_json(path / "m1.json", {"m1": {kind: {"p_margin_positive": float(np.mean(list(shares.values()))),
+                                                    "per_note_share": shares} for kind, shares in m1_per_note.items()}})
+
+    good = {"n1": GOLD["n1"], "n2": GOLD["n2"], "n3": ["D00.0"], "n4": None}
+    cells = {0.1: good, 0.3: {**good, "n3": None}, 1.0: {"n1": None, "n2": None, "n3": ["D00.0"], "n4": ["F00.0"]},
+             3.0: {n: None for n in GOLD}}
+    m1_pick = {kind: {"n1": 0.9, "n2": 0.8, "n3": 0.7, "n4": 0.6} for kind in PHASES}
+    for lam, preds in cells.items():
+        evaluation(root / grid / f"l{lam:g}", preds, m1_pick)
+    for lam, (loss, cot) in {1.0: ([3.0, 2.0], [0.5, 0.25]), 0.3: ([1.0, 0.6], [0.5, 0.2])}.items():
+        write_jsonl(root / grid / f"l{lam:g}" / "run" / "metrics.jsonl",
+                    [{"step": i + 1, "loss": a, "cot": b} for i, (a, b) in enumerate(zip(loss, cot))])
+    f1s = {lam: json.loads((root / grid / f"l{lam:g}" / "task.json").read_text())["metrics"]["micro_f1"] for lam in cells}
+    write_json(root / f"{grid}.json", {"cells": [{"lambda": lam, "micro_f1": f1s[lam], "m1_p2c": 0.75} for lam in cells],
+                                       "tied": [0.1], "selected": {"lambda_p1": 0.1, "lambda_p2": 0.1},
+                                       "outward_step": 0.1})
+    vanilla = {"n1": ["A00.0"], "n2": None, "n3": ["D00.0", "E00.0"], "n4": None}
+    m1_vanilla = {"P2C": {"n1": 0.5, "n2": 0.8, "n3": 0.6, "n4": 0.6}, "P1": {"n1": 1.0, "n2": 0.8, "n3": 0.7, "n4": 0.6},
+                  "P2": {"n1": 0.9, "n2": 0.8, "n3": 0.7, "n4": 0.6}}
+    labels = {ref["role"]: label for label, ref in selection["references"].items()}
+    evaluation(root / "reference" / labels["vanilla"], vanilla, m1_vanilla)
+    evaluation(root / "reference" / labels["untrained"], {"n1": None, "n2": ["C00.0"], "n3": None, "n4": None},
+               m1_vanilla)
+
+    values, _ = reader("R-D10").compute_values(params)
+    v = {key: x["value"] for key, x in values.items()}
+    _assert_writes_what_it_lists(reader("R-D10"), params, values)
+    produced = set(REGISTRY.expected("paper").values["R-D10"]) - set(REGISTRY.results["R-D10"].unproduced_keys)
+    assert produced <= set(values)
+    assert (v["selected_lambda"], v["tied_lambdas"], v["grid_lambdas"]) == (0.1, [0.1], [0.1, 0.3, 1.0, 3.0])
+    pre = [f1s[x] for x in (0.3, 1.0, 3.0)]
+    assert v["preregistered_grid_val_microf1"] == [min(pre), max(pre)] and pre[2] == 0.0
+    assert v["cap_rate_lambda1"] == [50.0, 50.0] and v["grid_cap_percent"] == [25.0, 50.0, 50.0, 100.0]
+    assert (v["cap_rate_vanilla_100"], v["cap_rate_untrained"]) == (50.0, 75.0)
+    assert v["mech_to_task_loss_ratio_lambda1_lambda03"] == pytest.approx([(5 + 7) / 2, (1 + 2) / 2])
+    diff = [note_f1(good[n] or [], GOLD[n]) - note_f1(vanilla[n] or [], GOLD[n]) for n in GOLD]
+    assert v["selected_vs_vanilla_task"] == pytest.approx(np.mean(diff))
+    assert v["selected_vs_vanilla_m1_p2c"] == pytest.approx(np.mean([0.4, 0.0, 0.1, 0.0]))
+    assert v["selected_vs_vanilla_m1_p1"] == pytest.approx(np.mean([-0.1, 0, 0, 0]))
+    low, high = v["selected_vs_vanilla_m1_p2c_interval"]
+    assert low <= v["selected_vs_vanilla_m1_p2c"] <= high
+
+
+def _seed_grid_by_hand(tmp_path, params, rows: dict, notes: list[str], phases=("P2C",), rng_seed: int = 12) -> dict:
+    """Own-heads chains of Table 3 rows at the given seeds ({row: seeds}), recoveries drawn at random: returns
+    {row: {seed: {(phase, k): per-note recoveries}}}."""
+    section = params["evaluate"]["own_heads"]
+    k, rng = max(section["bins"]), np.random.default_rng(rng_seed)
+    drawn: dict = {}
+    for row, seeds in rows.items():
+        label = section["arms"][row]
+        for seed in seeds:
+            rec = {(ph, kk): rng.uniform(0.2, 0.95, len(notes)) for ph in phases for kk in section["bins"]}
+            _own_heads_by_hand({row: (tmp_path, label)}, seed, notes, {row: rec}, {row: np.ones(len(notes))},
+                               section["bins"], "P2C")
+            drawn.setdefault(row, {})[seed] = {key: rec[key] for key in rec if key[1] == k}
+    return drawn
+
+
+def test_r_d27_third_smollm_seed_by_hand(tmp_path):
+    params = _variant_params(tmp_path)
+    k, notes = max(params["evaluate"]["own_heads"]["bins"]), [f"n{i}" for i in range(7)]
+    drawn = _seed_grid_by_hand(tmp_path, params, {"smollm_mistill": (0, 1, 2), "smollm_untrained": (0,)}, notes)
+    values, v = _read_by_hand("R-D27", params)
+    mistill = np.stack([drawn["smollm_mistill"][s][("P2C", k)] for s in (0, 1, 2)])
+    untrained = drawn["smollm_untrained"][0][("P2C", k)]
+    assert v["smollm_mistill_s2_own_p2c_k40"] == pytest.approx(np.median(mistill[2]))
+    assert v["smollm_mistill_three_seed_mean"] == pytest.approx(mistill.mean())
+    assert v["untrained_mean_over_notes"] == pytest.approx(untrained.mean())
+    assert v["ratio_to_untrained_mean"] == pytest.approx(mistill.mean() / untrained.mean())
+    assert v["mean_of_per_seed_medians"] == pytest.approx(np.median(mistill, axis=1).mean())
+    assert v["ratio_to_untrained_median"] == pytest.approx(np.median(mistill, axis=1).mean() / np.median(untrained))
+    low, high = v["smollm_mistill_three_seed_mean_interval"]
+    assert low < mistill.mean() < high
+
+
+def test_r_d12_seed_spread_by_hand(tmp_path):
+    from mistill.distill.runs import variant_label
+    from tests.chain.test_readers import GOLD, write_arm
+
+    params = _variant_params(tmp_path, test_notes=True)
+    section, k = params["evaluate"]["own_heads"], max(params["evaluate"]["own_heads"]["bins"])
+    notes = [f"n{i}" for i in range(8)]
+    drawn = _seed_grid_by_hand(tmp_path, params, {"qwen_mistill": (0, 1, 2), "qwen_vanilla_fp32": (0, 1, 2),
+                                                  "qwen_vanilla_bf16": (0, 1, 2), "smollm_mistill": (0, 1, 2),
+                                                  "smollm_vanilla_fp32": (0, 1)}, notes)
+    rng = np.random.default_rng(5)
+    controls = {}
+    for name in ("randheads", "randheads1", "smolbottom", "smolbottom1"):
+        entry = params["variants"]["arms"][name]
+        controls[name] = {(ph, kk): rng.uniform(0.2, 0.95, len(notes)) for ph in ("P2", "P2C") for kk in section["bins"]}
+        _own_heads_by_hand({name: (tmp_path / "variants", variant_label(name, entry))}, entry["seed"], notes,
+                           {name: controls[name]}, {name: np.ones(len(notes))}, section["bins"], "P2C")
+    for name, preds in (("randheads", {n: list(g) for n, g in GOLD.items()}),
+                        ("randheads1", {"n1": GOLD["n1"], "n2": None, "n3": None, "n4": GOLD["n4"]})):
+        entry = params["variants"]["arms"][name]
+        write_arm(tmp_path / "variants", variant_label(name, entry), entry["seed"], preds)
+    values, v = _read_by_hand("R-D12", params)
+
+    def medians(row):
+        return [float(np.median(drawn[row][s][("P2C", k)])) for s in (0, 1, 2)]
+
+    assert v["qwen_mistill_own_p2c_seeds"] == pytest.approx(medians("qwen_mistill"))
+    assert v["qwen_bf16_vanilla_seed_spread_p2c"] == pytest.approx(np.ptp(medians("qwen_vanilla_bf16")))
+    assert v["smollm_fp32_vanilla_own_p2c_means"] == pytest.approx(
+        [drawn["smollm_vanilla_fp32"][s][("P2C", k)].mean() for s in (0, 1)])
+    assert v["qwen_mistill_seed1_minus_seed0"] == pytest.approx(
+        np.mean(drawn["qwen_mistill"][1][("P2C", k)] - drawn["qwen_mistill"][0][("P2C", k)]))
+    diff = controls["randheads1"][("P2C", k)] - controls["randheads"][("P2C", k)]
+    assert v["qwen_randheads_seed1_minus_seed0_p2c"] == pytest.approx(diff.mean())
+    assert v["qwen_randheads_seed_diff_lower_notes"] == int((diff < 0).sum())
+    assert v["qwen_randheads_seed_diff_p2"] == pytest.approx(
+        np.mean(controls["randheads1"][("P2", k)] - controls["randheads"][("P2", k)]))
+    assert v["qwen_randheads_seed_task"][0] == 1.0 and v["qwen_randheads_seed_task"][1] < 1.0
+    bottom = controls["smolbottom1"][("P2C", k)] - controls["smolbottom"][("P2C", k)]
+    assert v["smollm_bottom40_seed_diff_lower_notes"] == int((bottom < 0).sum())
+    smol = drawn["smollm_mistill"][1][("P2C", k)] - drawn["smollm_mistill"][0][("P2C", k)]
+    from scipy.stats import binomtest
+    assert v["smollm_mistill_seed_diff_p"] == pytest.approx(
+        binomtest(int((smol > 0).sum()), int((smol != 0).sum())).pvalue)

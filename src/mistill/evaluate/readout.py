@@ -79,28 +79,32 @@ def _section(path: Path, key: str, what: str) -> dict:
     return data[key]
 
 
+def read_arm(path: Path, label: str, seed: int, las_file: Path | None = None) -> ArmSeed:
+    """One evaluation directory (task.json, and fidelity.json, m1.json, generations.jsonl where present)."""
+    from mistill.io import read_jsonl
+
+    arm = ArmSeed(label, seed, path, las_file)
+    arm.task = _section(path / "task.json", "metrics", "task metrics")
+    if (path / "fidelity.json").is_file():
+        arm.fidelity = _section(path / "fidelity.json", "metrics", "fidelity metrics")
+    if (path / "m1.json").is_file():
+        arm.m1 = _section(path / "m1.json", "m1", "M1 readout")
+    if (path / "generations.jsonl").is_file():
+        arm.generations = {r.get("note_id"): r for r in read_jsonl(path / "generations.jsonl", "generations")}
+    return arm
+
+
 def load_arm(root: Path, label: str, las_root: Path | None = None) -> dict[int, ArmSeed]:
     """Every seed of one arm whose directory holds a task.json, by seed; `las_root` (default: `LAS` beside
     `root`) holds stage LAS's `<label>-s<seed>/las.json`."""
-    from mistill.io import read_jsonl
-
     seeds: dict[int, ArmSeed] = {}
     pattern = re.compile(re.escape(label) + r"-s(\d+)$")
     for path in sorted(root.glob(f"{label}-s*")) if root.is_dir() else []:
         match = pattern.match(path.name)
         if not match or not (path / "task.json").is_file():
             continue
-        arm = ArmSeed(label, int(match.group(1)), path,
-                      (las_root or root.parent / LAS_DIR) / path.name / "las.json")
-        arm.task = _section(path / "task.json", "metrics", "task metrics")
-        if (path / "fidelity.json").is_file():
-            arm.fidelity = _section(path / "fidelity.json", "metrics", "fidelity metrics")
-        if (path / "m1.json").is_file():
-            arm.m1 = _section(path / "m1.json", "m1", "M1 readout")
-        if (path / "generations.jsonl").is_file():
-            rows = read_jsonl(path / "generations.jsonl", "generations")
-            arm.generations = {r.get("note_id"): r for r in rows}
-        seeds[arm.seed] = arm
+        seed = int(match.group(1))
+        seeds[seed] = read_arm(path, label, seed, (las_root or root.parent / LAS_DIR) / path.name / "las.json")
     return seeds
 
 

@@ -72,7 +72,12 @@ def render_registry_md(registry: Registry) -> str:
              "are no event and at which the event's competitors are single teacher tokens (so m and c stay "
              "defined); the teacher's targets are computed at the new rows with each kind's pool and the event's "
              "code, its prefix slot empty, and the P1 window rows follow the moved event: "
-             "`src/mistill/distill/positions.py`."), ""]
+             "`src/mistill/distill/positions.py`."),
+            ("- The λ selection rule (App. I.3, I.4, M.2, stated in prose only): cells within an inclusive band of the "
+             "best validation micro-F1 tie (compared at 12 decimals, so a printed gap equal to the band ties); the "
+             "higher M1 at P2C wins among them, then the smaller λ; a pick on the grid's edge adds the next point of "
+             "the 1-3 series beyond it (0.03 -> 0.01, 0.3 -> 1) once, and the rule is applied again: "
+             "`src/mistill/distill/selection.py`."), ""]
     out += ["## Nondeterminism classes", ""]
     for name, cls in registry.classes.items():
         out.append(f"- **{name}** ({cls['name']}): {_md(cls['definition'])}")
