@@ -1450,3 +1450,31 @@ def test_r_d12_seed_spread_by_hand(tmp_path):
     from scipy.stats import binomtest
     assert v["smollm_mistill_seed_diff_p"] == pytest.approx(
         binomtest(int((smol > 0).sum()), int((smol != 0).sum())).pvalue)
+
+
+def test_r_d26_frozen_pool_and_four_randheads_runs_by_hand(tmp_path):
+    from mistill.distill.runs import variant_label
+
+    params = _variant_params(tmp_path)
+    section = params["evaluate"]["own_heads"]
+    k, k8, notes = max(section["bins"]), min(section["bins"]), [f"n{i}" for i in range(9)]
+    mistill = _seed_grid_by_hand(tmp_path, params, {"qwen_mistill": (0, 1, 2)}, notes)["qwen_mistill"]
+    rng = np.random.default_rng(26)
+    runs = {}
+    for name in ("randheads", "randheads1", "randheadsp0s1", "randheadsp0s2"):
+        entry = params["variants"]["arms"][name]
+        runs[name] = {("P2C", kk): rng.uniform(0.2, 0.95, len(notes)) for kk in section["bins"]}
+        _own_heads_by_hand({name: (tmp_path / "variants", variant_label(name, entry))}, entry["seed"], notes,
+                           {name: runs[name]}, {name: np.ones(len(notes))}, section["bins"], "P2C")
+    values, v = _read_by_hand("R-D26", params)
+    frozen = runs["randheadsp0s1"][("P2C", k)] - runs["randheads"][("P2C", k)]
+    assert v["frozen_pool_seed_diff_k40"] == pytest.approx(frozen.mean())
+    assert v["frozen_pool_seed_diff_k40_notes"] == int((frozen > 0).sum())
+    assert v["pool_effect_k40_k8"] == pytest.approx(
+        [np.mean(runs["randheads1"][("P2C", kk)] - runs["randheadsp0s1"][("P2C", kk)]) for kk in (k, k8)])
+    seeds = {"randheads": 0, "randheads1": 1, "randheadsp0s1": 1, "randheadsp0s2": 2}
+    # the four pairs' per-note differences averaged per note (the note-clustered mean; the pairs hold one seed each)
+    four = np.mean([mistill[s][("P2C", k)] - runs[n][("P2C", k)] for n, s in seeds.items()], axis=0)
+    assert v["mistill_minus_randheads_4runs_k40"] == pytest.approx(four.mean())
+    low, high = v["mistill_minus_randheads_4runs_k40_interval"]
+    assert low <= four.mean() <= high
