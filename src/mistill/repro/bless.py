@@ -38,6 +38,7 @@ import yaml
 
 from mistill.errors import UserError
 from mistill.io import atomic_open, file_sha256
+from mistill.repro.calibration import kind_range
 from mistill.repro.check import FAIL, NOT_REPRODUCED, CheckLine, fmt_value, run_check
 from mistill.repro.numbers import NumbersFile, hash_inputs, numbers_path, read_numbers
 from mistill.repro.registry import EXPECTED_DIR, Registry, expected_path, infer_kind
@@ -114,7 +115,12 @@ def bless(registry: Registry, ids: list[str], *, profile: str, results_dir: str 
                 "class": reference.cls if reference else ",".join(registry.results[rid].nondeterminism),
             }
             if "descriptive" in old.get(key, {}):       # the calibration's mark, or one set by hand
-                entry["descriptive"] = old[key]["descriptive"]
+                entry["descriptive"] = dict(old[key]["descriptive"])
+                low, high = entry["descriptive"]["range"]
+                values = number["value"] if isinstance(number["value"], list) else [number["value"]]
+                if any(not low <= float(v) <= high for v in values):
+                    # a ratio the calibration saw below its kind's bound (a lift under 1) is unbounded after all
+                    entry["descriptive"]["range"] = kind_range(entry["kind"], [low, high, *map(float, values)])
             if "tolerance" in old.get(key, {}):
                 entry["tolerance"] = old[key]["tolerance"]
                 if "null_interval" in old[key] and says_null(key, number["value"]):
