@@ -348,26 +348,25 @@ def las_text(arm: ArmSeed) -> str:
 
 def las_minus_reference(key: str, seeds: dict[int, ArmSeed], reference: dict[int, ArmSeed], notes, stats,
                         what: str) -> dict:
-    """`key`: the paired per-note LAS difference of an arm against a reference row (seeds averaged per note),
-    bootstrap interval and Wilcoxon; nothing when a run has no LAS yet."""
+    """`key`: the paired per-note LAS difference of an arm against a reference row (averaged per note over the
+    seeds whose LAS was measured: params simulator.arms names the runs it reads), bootstrap interval and Wilcoxon;
+    nothing when neither row has a run with LAS yet."""
     from mistill.stats import paired_comparison
 
-    def per_note(runs: dict[int, ArmSeed]) -> list[float] | None:
-        las = [las_of(run) for run in runs.values()]
-        if any(x is None for x in las):
-            return None
-        return [sum(x[1][n.note_id] for x in las) / len(las) for n in notes]
+    def measured(runs: dict[int, ArmSeed]) -> dict[int, tuple]:
+        return {s: las for s, run in runs.items() if (las := las_of(run)) is not None}
 
-    a, b = per_note(seeds), per_note(reference)
-    if a is None or b is None:
+    a, b = measured(seeds), measured(reference)
+    if not a or not b:
         return {}
-    c = paired_comparison(a, b, n_resamples=stats.bootstrap_resamples, seed=stats.bootstrap_seed,
-                          confidence=stats.confidence)
+    c = paired_comparison(*([sum(x[1][n.note_id] for x in las.values()) / len(las) for n in notes] for las in (a, b)),
+                          n_resamples=stats.bootstrap_resamples, seed=stats.bootstrap_seed, confidence=stats.confidence)
     iv = c.mean_difference
+    runs = [*(seeds[s] for s in a), *(reference[s] for s in b)]
     return {key: value(iv.estimate, f"{what}: mean over {c.n} test notes of the per-note LAS difference (seeds "
-                       f"averaged per note), {iv.confidence:.0%} percentile bootstrap [{iv.low:+.4f}, {iv.high:+.4f}] "
-                       f"({iv.n_resamples} resamples, seed {iv.seed}); Wilcoxon p {c.wilcoxon.p_value:.3g}",
-                       ", ".join(str(las_path(r)) for r in [*seeds.values(), *reference.values()]))}
+                       f"{'/'.join(map(str, a))} against {'/'.join(map(str, b))}, averaged per note), {iv.confidence:.0%} "
+                       f"percentile bootstrap [{iv.low:+.4f}, {iv.high:+.4f}] ({iv.n_resamples} resamples, seed "
+                       f"{iv.seed}); Wilcoxon p {c.wilcoxon.p_value:.3g}", ", ".join(str(las_path(r)) for r in runs))}
 
 
 ROW_CELLS = ("microf1", "microf1_seeds", "valid_rate", *GENERATION_BEHAVIOUR, "bleu4", "trace_ppl", "las",
