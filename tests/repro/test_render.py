@@ -15,7 +15,7 @@ TEMPLATES = REPO / "paper" / "templates"
 TABLE_IDS = {"table1": ["R-C3"],
              "table2": ["R-D1", "R-D2", "R-D3", "R-D4", "R-D5", "R-D17", "R-D22", "R-D30"],
              "table3": ["R-D6", "R-D12", "R-D13", "R-D15", "R-D17", "R-D22", "R-D27", "R-D30"],
-             "table43": ["R-D18"], "table44": ["R-D21", "R-D0"], "tableA_ksweep": ["R-D0"],
+             "table39": ["R-D10"], "table41": ["R-D10"], "table43": ["R-D18"], "table44": ["R-D21", "R-D0"], "tableA_ksweep": ["R-D0"],
              "table9": ["R-C8"], "table15": ["R-C13"], "table35": ["R-C7"], "table38": ["R-D19"],
              "table16": ["R-C5"], "table17": ["R-C5"], "table18": ["R-C5"], "table19": ["R-C5"],
              "table20": ["R-C10"], "table21": ["R-C11"], "table22": ["R-D28"], "table23": ["R-C11"],
@@ -23,7 +23,7 @@ TABLE_IDS = {"table1": ["R-C3"],
              "table6": ["R-C1"], "table7": ["R-C1"], "table8": ["R-C2"], "table10": ["R-C3"], "table11": ["R-C4"],
              "table13": ["R-C4"], "table14": ["R-C3"], "table25": ["R-C13"],
              "table26": ["R-C6"], "table27": ["R-C6"], "table29": ["R-C6"], "table30": ["R-C6"], "table32": ["R-C6"],
-             "table33": ["R-C6"], "table31": ["R-C12"], "table4": ["R-C14"], "table51": ["R-D7", "R-D13", "R-D14", "R-D23", "R-D24", "R-D25", "R-D5"],
+             "table33": ["R-C6"], "table31": ["R-C12"], "table4": ["R-C14"], "table51": ["R-D7", "R-D13", "R-D14", "R-D23", "R-D24", "R-D25", "R-D26", "R-D5"],
              "table45": ["R-D1", "R-D2", "R-D5", "R-D6", "R-D12", "R-D15", "R-D17", "R-D18", "R-D30"],
              "table46": ["R-D1", "R-D2", "R-D3", "R-D4", "R-D5", "R-D17"]}
 # Tables whose every cell this file's fixture fills (the others have their own tests: tests/repro/test_tables_*.py)
@@ -245,7 +245,7 @@ def test_per_seed_cells_follow_the_profiles_seeds(registry, results, tmp_path, m
     from mistill.repro import render as render_module
 
     assert render_module.profile_seeds(REPO, "paper") == [0, 1, 2]
-    assert render_module.profile_seeds(REPO, "demo") == [0]
+    assert render_module.profile_seeds(REPO, "demo") == [0, 1, 2]
     (results / "R-D12.json").unlink()
     monkeypatch.setattr(render_module, "profile_seeds", lambda root, profile: [0])
     render(registry, results, tmp_path / "one")

@@ -103,19 +103,17 @@ def paper_results(registry, tmp_path):
 
 @pytest.fixture
 def demo_results(registry, tmp_path):
-    """A numbers file for every result the demo claims, at its demo expected values, and R-D6's per-seed cells of its
-    one training seed."""
+    """A numbers file for every result the demo claims, at its demo expected values, and R-D6's per-seed cells of
+    every training seed of the demo profile."""
+    from mistill.repro.render import profile_seeds
+
     d = tmp_path / "results"
     for rid, keys in registry.expected("demo").values.items():
         values = {key: {"value": exp.value, "statistic": exp.stat, "artifact": "fixture"} for key, exp in keys.items()}
         if rid == "R-D6":
-            values.update(r_d6_row_cells(1))
+            values.update(r_d6_row_cells(len(profile_seeds(REPO, "demo"))))
         if rid in BEHAVIOUR:
             values = {**behaviour(rid, valid=1.0), **values}
-        if rid == "R-D5":     # one training seed: each arm's per-seed list holds its seed-mean micro-F1
-            values.update({f"{row}_microf1_seeds": {"value": [keys[f"{row}_microf1"].value], "statistic": "micro-F1",
-                                                    "artifact": "fixture"}
-                           for row in ("qwen_mistill", "qwen_vanilla_bf16", "smollm_mistill", "smollm_vanilla_bf16")})
         write_fixture(d, rid, values, profile="demo")
     return d
 
@@ -219,7 +217,7 @@ def test_paper_profile_cells_are_the_numbers_files_values(registry, paper_result
     assert r"OPD (1 seed) & 0.179 & 0.973 & 0.020 & 401 \\" in tex
 
 
-def test_demo_profile_shows_one_seed_and_fills_every_cell_it_computes(registry, demo_results, templates, tmp_path):
+def test_demo_profile_shows_every_seed_and_fills_every_cell_it_computes(registry, demo_results, templates, tmp_path):
     # strict: no number the demo claims is missing from either table
     report, md = render(registry, demo_results, tmp_path / "build", templates, profile="demo", strict=True)
     n = names("demo")
@@ -229,18 +227,22 @@ def test_demo_profile_shows_one_seed_and_fills_every_cell_it_computes(registry, 
     t45, t46 = md_sections(md["table45"]), md_sections(md["table46"])
     assert list(t45) == [qwen, qwen_pairs, smol, smol_pairs] and list(t46) == [qwen, smol]
 
-    # one training seed: a per-seed cell is that seed's number alone
-    for text in md.values():
-        assert " / " not in text.split("\n\n")[1]          # the table body (caption and notes aside)
-    assert t45[qwen]["Mistill, seeds"] == [f"{r_d6_seeds('qwen_mistill', c, 1)[0]:.3f}" for c in R_D6_CELLS] + [
-        f"{demo['R-D5']['qwen_mistill_microf1'].value:.3f}"]
-    assert t45[qwen]["Vanilla CoT-KD (fp32), seeds"][5] == f"{demo['R-D2']['qwen_vanilla_fp32_microf1_seeds'].value[0]:.3f}"
-    assert t45[smol]["Vanilla CoT-KD (fp32), seeds"][2] == f"{demo['R-D6']['smollm_fp32_vanilla_own_p2c_seeds'].value[0]:.3f}"
-    assert t46[smol]["Vanilla CoT-KD (fp32), seeds"][0] == f"{demo['R-D2']['smollm_vanilla_fp32_microf1_seeds'].value[0]:.3f}"
-    assert t46[qwen]["Mistill, seeds"][:2] == [f"{demo['R-D5']['qwen_mistill_microf1'].value:.3f}",
-                                               f"{demo['R-D5']['qwen_mistill_valid_rate'].value:.3f}"]
+    # every training seed of the profile: a per-seed cell shows each seed's number (R-D12's grid holds the P2C medians)
+    def joined(values):
+        return " / ".join(f"{x:.3f}" for x in values)
 
-    # ?? only where the demo computes nothing: the fp32 Mistill arms (R-D17, R-D30); the baseline rows (R-D3, R-D4)
+    seeds = len(demo["R-D12"]["qwen_mistill_own_p2c_seeds"].value)
+    mistill = t45[qwen]["Mistill, seeds"]
+    assert [mistill[i] for i in (0, 1, 3, 4)] == [joined(r_d6_seeds("qwen_mistill", R_D6_CELLS[i], seeds))
+                                                 for i in (0, 1, 3, 4)]
+    assert mistill[2] == joined(demo["R-D12"]["qwen_mistill_own_p2c_seeds"].value)
+    assert mistill[5] == joined(demo["R-D5"]["qwen_mistill_microf1_seeds"].value)
+    assert t45[qwen]["Vanilla CoT-KD (fp32), seeds"][5] == joined(demo["R-D2"]["qwen_vanilla_fp32_microf1_seeds"].value)
+    assert t46[smol]["Vanilla CoT-KD (fp32), seeds"][0] == joined(demo["R-D2"]["smollm_vanilla_fp32_microf1_seeds"].value)
+    assert t46[qwen]["Mistill, seeds"][0] == joined(demo["R-D5"]["qwen_mistill_microf1_seeds"].value)
+
+    # ?? only where the demo computes nothing: the fp32 Mistill arms (R-D17, R-D30), Feature-KD's seeds 1 and 2; the
+    # baseline rows (R-D3, R-D4)
     # and SmolLM's bf16 valid rate (R-D5's, where R-D17 is absent) are filled
     shown = {(t, section, label, col) for t, text in md.items() for section, rows in md_sections(text).items()
              for label, row in rows.items() for col, c in zip(T45[1:] if t == "table45" else T46[1:], row)
@@ -257,6 +259,7 @@ def test_demo_profile_shows_one_seed_and_fills_every_cell_it_computes(registry, 
         ("table45", qwen_pairs, fp32_rows[3], "task"),
         ("table45", qwen_pairs, "seed pairs (fp32, lambda 0.01)", "M4 P2C"),
         ("table45", qwen_pairs, "notes Mistill higher (fp32, lambda 0.01)", "M4 P2C"),
+        ("table46", qwen, "Feature-KD, seeds", "micro-F1"),   # the demo trains Feature-KD at seed 0 alone
     }
     assert report.claimed == set()
     # the seed-matched lines the demo computes: R-D6's differences, R-D18's counts, sign tests and task intervals
