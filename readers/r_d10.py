@@ -22,7 +22,7 @@ from pathlib import Path
 from mistill.distill.selection_commands import grid_entry, selection_file
 from mistill.errors import UserError
 from mistill.evaluate.compare import clustered
-from mistill.evaluate.readout import main_for, per_note_f1, read_arm, value
+from mistill.evaluate.readout import cap_share, main_for, per_note_f1, read_arm, value
 from mistill.io import read_json, read_jsonl
 from mistill.stats import StatsParams
 from mistill.world.notes import load_notes
@@ -43,10 +43,7 @@ def keys(params: dict) -> list[str]:
 
 
 def cap_percent(arm) -> float:
-    rows = list(arm.generations.values())
-    if not rows or any("hit_cap" not in r for r in rows):
-        raise UserError(f"{arm.path}/generations.jsonl: no per-note hit_cap; regenerate")
-    return 100.0 * statistics.fmean(bool(r["hit_cap"]) for r in rows)
+    return 100.0 * cap_share(arm)
 
 
 def loss_ratio(run: Path) -> float:

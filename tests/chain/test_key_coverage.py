@@ -1343,7 +1343,7 @@ def test_r_d10_lambda_selection_by_hand(tmp_path):
         write_jsonl(root / grid / f"l{lam:g}" / "run" / "metrics.jsonl",
                     [{"step": i + 1, "loss": a, "cot": b} for i, (a, b) in enumerate(zip(loss, cot))])
     f1s = {lam: json.loads((root / grid / f"l{lam:g}" / "task.json").read_text())["metrics"]["micro_f1"] for lam in cells}
-    write_json(root / f"{grid}.json", {"cells": [{"lambda": lam, "micro_f1": f1s[lam], "m1_p2c": 0.75} for lam in cells],
+    write_json(root / "picks" / f"{grid}.json", {"cells": [{"lambda": lam, "micro_f1": f1s[lam], "m1_p2c": 0.75} for lam in cells],
                                        "tied": [0.1], "selected": {"lambda_p1": 0.1, "lambda_p2": 0.1},
                                        "outward_step": 0.1})
     vanilla = {"n1": ["A00.0"], "n2": None, "n3": ["D00.0", "E00.0"], "n4": None}
@@ -1478,3 +1478,79 @@ def test_r_d26_frozen_pool_and_four_randheads_runs_by_hand(tmp_path):
     assert v["mistill_minus_randheads_4runs_k40"] == pytest.approx(four.mean())
     low, high = v["mistill_minus_randheads_4runs_k40_interval"]
     assert low <= four.mean() <= high
+
+
+def test_r_d31_r_d32_matched_selection_by_hand(tmp_path):
+    """App. M.2 on hand-made artifacts: two grids' pick files (Mistill's 0.1 trailing 0.03 by 0.0040204, as in the
+    paper), the six pick runs' configs, recoveries, lifts and test answers; the picks at both bands, the gaps, the
+    note-clustered means over the seed pairs against numpy and the corpus differences against the runs' micro-F1."""
+    from mistill.distill.runs import variant_label, variant_run_dir
+    from tests.chain.test_readers import GOLD, write_arm
+
+    params = _variant_params(tmp_path, test_notes=True)
+    section, arms = params["evaluate"]["own_heads"], params["variants"]["arms"]
+    k, k8, notes = max(section["bins"]), min(section["bins"]), [f"n{i}" for i in range(8)]
+    params["selection"]["dir"] = str(tmp_path / "select")
+    grids = {"mistill": arms["mistillpick"]["lambda_from"], "randheads": arms["randheadspick"]["lambda_from"]}
+    cells = {"mistill": [(0.01, 0.148, 0.65), (0.03, 0.1500204, 0.70), (0.1, 0.146, 0.75), (0.3, 0.12, 0.9)],
+             "randheads": [(0.03, 0.1308250956, 0.80), (0.1, 0.12, 0.7), (0.3, 0.135, 0.7), (1.0, 0.01, 0.9)]}
+    picks = {"mistill": 0.03, "randheads": 0.3}
+    for family, grid in grids.items():
+        write_json(tmp_path / "select" / "picks" / f"{grid}.json", {
+            "cells": [{"lambda": lam, "micro_f1": f1, "m1_p2c": m1} for lam, f1, m1 in cells[family]],
+            "selected": {"lambda_p1": picks[family], "lambda_p2": picks[family]}})
+    rng = np.random.default_rng(31)
+    runs = {"mistill": ("mistillpick", "mistillpick1", "mistillpick2"),
+            "randheads": ("randheadspick", "randheadspick1", "randheadspick2")}
+    drawn, lifts = {}, {}
+    answers = {"mistill": {n: list(g) for n, g in GOLD.items()}, "randheads": {**GOLD, "n2": None, "n3": ["D00.0"]}}
+    for family, names in runs.items():
+        for name in names:
+            entry = arms[name]
+            drawn[name] = {(ph, kk): rng.uniform(0.2, 0.95, len(notes)) for ph in ("P1", "P2C") for kk in section["bins"]}
+            lifts[name] = rng.uniform(0.5, 3.0, len(notes))
+            label = variant_label(name, entry)
+            _own_heads_by_hand({name: (tmp_path / "variants", label)}, entry["seed"], notes, {name: drawn[name]},
+                               {name: lifts[name]}, section["bins"], "P2C")
+            write_json(variant_run_dir(params["variants"]["dir"], name, entry) / "config.json",
+                       {"arm": {"lambda_p1": picks[family], "lambda_p2": picks[family]}})
+            write_arm(tmp_path / "variants", label, entry["seed"], answers[family])
+
+    values, v = _read_by_hand("R-D31", params)
+    assert (v["mistill_pick_lambda"], v["randheads_pool0_pick_lambda"]) == (0.03, 0.3)
+    assert v["picks_at_0005_band"] == [0.1, 0.03]        # the paper's sensitivity picks
+    assert v["val_gap_mistill_01_behind_003"] == pytest.approx(0.0040204)
+    assert v["val_gap_randheads_003_behind_03"] == pytest.approx(0.0041749044)
+    assert v["val_microf1_cells_mistill"] == [0.148, 0.1500204, 0.146, 0.12]
+
+    def pair_mean(phase, kk):   # per note, the three seed pairs' differences averaged; then the mean over notes
+        return np.mean([drawn[m][(phase, kk)] - drawn[r][(phase, kk)] for m, r in zip(*runs.values())], axis=0)
+
+    k40 = pair_mean("P2C", k)
+    assert v["own_p2c_k40_mistill_minus_randheads"] == pytest.approx(k40.mean())
+    assert v["own_p2c_k40_higher_notes"] == int((k40 > 0).sum())
+    assert v["own_p2c_k8_mistill_minus_randheads"] == pytest.approx(pair_mean("P2C", k8).mean())
+    assert v["p1_recovery_diff"] == pytest.approx(pair_mean("P1", k).mean())
+    assert v["own_p2c_k40_pairs"] == pytest.approx(
+        [np.mean(drawn[m][("P2C", k)] - drawn[r][("P2C", k)]) for m, r in zip(*runs.values())])
+    assert v["m2_lift_mistill_minus_randheads"] == pytest.approx(
+        np.mean([lifts[m] - lifts[r] for m, r in zip(*runs.values())], axis=0).mean())
+    assert v["mean_seed_medians_mistill_vs_randheads"] == pytest.approx(
+        [np.mean([np.median(drawn[n][("P2C", k)]) for n in names]) for names in runs.values()])
+    low, high = v["own_p2c_k40_mistill_minus_randheads_interval"]
+    assert low <= k40.mean() <= high
+
+    values, v = _read_by_hand("R-D32", params)
+    f1 = {family: json.loads((tmp_path / "variants" / "DT-eval" / f"{variant_label(names[0], arms[names[0]])}-s0"
+                              / "task.json").read_text())["metrics"]["micro_f1"] for family, names in runs.items()}
+    assert f1["mistill"] == 1.0 and 0 < f1["randheads"] < 1
+    assert v["corpus_microf1_pairs"] == pytest.approx([f1["mistill"] - f1["randheads"]] * 3)
+    assert v["corpus_microf1_mistill_minus_randheads"] == pytest.approx(f1["mistill"] - f1["randheads"])
+    assert (v["test_microf1_mistill_pick"], v["test_microf1_randheads_pick"]) == pytest.approx((1.0, f1["randheads"]))
+    low, high = v["corpus_microf1_mistill_minus_randheads_interval"]
+    assert low <= v["corpus_microf1_mistill_minus_randheads"] <= high
+
+    write_json(variant_run_dir(params["variants"]["dir"], "randheadspick1", arms["randheadspick1"]) / "config.json",
+               {"arm": {"lambda_p1": 0.1, "lambda_p2": 0.1}})   # a run not trained at its grid's pick is refused
+    with pytest.raises(UserError, match="not grid randheadsp0's pick 0.3"):
+        reader("R-D32").compute_values(params)

@@ -223,7 +223,7 @@ def _select_from(project, lambdas: tuple[float, float]) -> None:
     params["demo"]["distill"]["lambda_from"] = "g"
     params["demo"]["selection"] = {"dir": "select", "grids": {}}
     (project / "params.yaml").write_text(yaml.safe_dump(params))
-    write_json(project / "select" / "g.json", {"selected": {"lambda_p1": lambdas[0], "lambda_p2": lambdas[1]}})
+    write_json(project / "select" / "picks" / "g.json", {"selected": {"lambda_p1": lambdas[0], "lambda_p2": lambdas[1]}})
 
 
 def test_mistill_runs_train_with_the_selected_lambda(project, capsys):
@@ -232,19 +232,22 @@ def test_mistill_runs_train_with_the_selected_lambda(project, capsys):
     _select_from(project, (0.37, 0.37))
     params = yaml.safe_load((project / "params.yaml").read_text())
     params["demo"]["variants"] = {"dir": "variants", "arms": {
-        "p1only": {"student": "qwen", "seed": 0, "precision": "bf16", "lambda_p2": 0.0}}}
+        "p1only": {"student": "qwen", "seed": 0, "precision": "bf16", "lambda_p2": 0.0},
+        "ownpick": {"student": "qwen", "seed": 0, "precision": "bf16", "heads": "random", "lambda_from": "h"}}}
     (project / "params.yaml").write_text(yaml.safe_dump(params))
+    write_json(project / "select" / "picks" / "h.json", {"selected": {"lambda_p1": 3.0, "lambda_p2": 3.0}})
     assert main(["distill", "targets"]) == 0
-    for argv in (["--arm", "mistill"], ["--variant", "p1only"], ["--arm", "vanilla"]):
+    for argv in (["--arm", "mistill"], ["--variant", "p1only"], ["--variant", "ownpick"], ["--arm", "vanilla"]):
         assert main(["distill", "train", *argv]) == 0
     arm = {name: json.loads((project / path / "config.json").read_text())["arm"] for name, path in (
         ("mistill", "runs/DT-001/student-qwen-mistill-bf16-s0"), ("p1only", "variants/DT-001/student-qwen-p1only-bf16-s0"),
-        ("vanilla", "runs/DT-000/student-qwen-vanilla-fp32-s0"))}
+        ("ownpick", "variants/DT-001/student-qwen-ownpick-bf16-s0"), ("vanilla", "runs/DT-000/student-qwen-vanilla-fp32-s0"))}
     assert (arm["mistill"]["lambda_p1"], arm["mistill"]["lambda_p2"]) == (0.37, 0.37)
     assert (arm["p1only"]["lambda_p1"], arm["p1only"]["lambda_p2"]) == (0.37, 0.0)
+    assert (arm["ownpick"]["lambda_p1"], arm["ownpick"]["lambda_p2"]) == (3.0, 3.0)   # its own grid's pick (App. M.2)
     assert arm["vanilla"]["lambda_p1"] == 0.1   # the dataclass default: Vanilla has no mechanism terms
 
-    (project / "select" / "g.json").unlink()
+    (project / "select" / "picks" / "g.json").unlink()
     assert main(["distill", "train", "--arm", "mistill", "--seed", "1"]) == 2
     assert "no λ selection (run `dvc repro DT-select@g`)" in capsys.readouterr().err
     params["demo"]["distill"]["lambda_p1"] = 0.1
@@ -275,7 +278,7 @@ def test_select_applies_the_rule_and_takes_one_outward_step(project, monkeypatch
                                        "band": 0.004, "extend": True, "heads": "random"}}}
     (project / "params.yaml").write_text(yaml.safe_dump(params))
     assert main(["distill", "select", "--grid", "g"]) == 0
-    chosen = json.loads((project / "select" / "g.json").read_text())
+    chosen = json.loads((project / "select" / "picks" / "g.json").read_text())
     assert trained == [0.3, 1.0, 3.0, 0.1]     # 0.3 on the edge: one step down the series
     assert chosen["tied"] == [0.1, 0.3] and chosen["selected"] == {"lambda_p1": 0.1, "lambda_p2": 0.1}
     assert chosen["outward_step"] == 0.1 and [c["lambda"] for c in chosen["cells"]] == [0.1, 0.3, 1.0, 3.0]
@@ -284,6 +287,11 @@ def test_select_applies_the_rule_and_takes_one_outward_step(project, monkeypatch
     args = selection_commands._cell_args("g", params["demo"]["selection"]["grids"]["g"], 0.3, project / "run")
     assert args[args.index("--lambda-p1") + 1] == args[args.index("--lambda-p2") + 1] == "0.3"
     assert args[args.index("--heads") + 1] == "random"   # a grid's recipe switch reaches its cells
+    for reserved in ("picks", "reference"):   # directories of selection.dir cannot name a grid
+        params["demo"]["selection"]["grids"][reserved] = params["demo"]["selection"]["grids"]["g"]
+        (project / "params.yaml").write_text(yaml.safe_dump(params))
+        assert main(["distill", "select", "--grid", reserved]) == 2
+        del params["demo"]["selection"]["grids"][reserved]
     params["demo"]["selection"]["grids"]["g"]["dose"] = "match"
     (project / "params.yaml").write_text(yaml.safe_dump(params))
     assert main(["distill", "select", "--grid", "g"]) == 2

@@ -2,7 +2,16 @@
 
 import pytest
 
-from mistill.distill.selection import Cell, check_grid, outward_step, pick, series_index, series_value, tied
+from mistill.distill.selection import (
+    Cell,
+    check_grid,
+    nearest_miss,
+    outward_step,
+    pick,
+    series_index,
+    series_value,
+    tied,
+)
 from mistill.errors import UserError
 
 
@@ -36,6 +45,11 @@ def test_matched_selection_band_sensitivity():
     cells = [Cell(0.03, 0.1500204, 0.70), Cell(0.1, 0.146, 0.75), Cell(0.3, 0.12, 0.9)]
     assert pick(cells, 0.004).lam == 0.03
     assert pick(cells, 0.005).lam == 0.1
+    # the margin App. M.2 reports: the nearest cell outside the band, 0.1, behind the best by 0.0040204
+    assert nearest_miss(cells, 0.004).lam == 0.1
+    assert 0.1500204 - nearest_miss(cells, 0.004).micro_f1 == pytest.approx(0.0040204)
+    assert nearest_miss(cells, 0.005).lam == 0.3
+    assert nearest_miss(cells, 1.0) is None   # every cell ties
 
 
 def test_band_is_inclusive_at_printed_precision():

@@ -97,8 +97,9 @@ def test_a_control_is_one_params_entry_that_adds_its_stages_and_stales_nothing_e
 
 @pytest.mark.filterwarnings("ignore::DeprecationWarning")
 def test_the_mistill_runs_depend_on_the_selection_stage_they_read(tmp_path):
-    """Issue of the grid: the λ the selection picks reaches the Mistill runs by DVC dependency: every DT-001 and
-    DT-variant stage depends on the file DT-select@<distill.lambda_from> writes, so a new pick retrains them."""
+    """Issue of the grid: the λ the selection picks reaches the Mistill runs by DVC dependency: every DT-001 stage
+    depends on the pick DT-select@<distill.lambda_from> writes, and every DT-variant stage on the picks of every
+    grid (an entry may name its own in lambda_from), so a new pick retrains them; Vanilla CoT-KD reads none."""
     import shutil
     import subprocess
 
@@ -108,14 +109,20 @@ def test_the_mistill_runs_depend_on_the_selection_stage_they_read(tmp_path):
         shutil.copy(REPO / name, tmp_path / name)
     subprocess.run([sys.executable, "-m", "dvc", "init", "--no-scm", "-q"], cwd=tmp_path, check=True)
     params = load_params(REPO / "params.yaml")
-    pick = f"{params['selection']['dir']}/{params['distill']['lambda_from']}.json"
+    picks = f"{params['selection']['dir']}/picks"
+    grids = params["selection"]["grids"]
+    own = {name: e["lambda_from"] for name, e in params["variants"]["arms"].items() if "lambda_from" in e}
+    assert set(own.values()) - {params["distill"]["lambda_from"]}   # some variant reads a grid of its own
     with Repo(str(tmp_path)) as repo:
         stages = {stage.name: stage for stage in repo.index.stages}
-        writers = [name for name, stage in stages.items() if pick in [str(o) for o in stage.outs]]
-        assert writers == [f"DT-select@{params['distill']['lambda_from']}"]
-        readers = [name for name, stage in stages.items() if pick in [str(d) for d in stage.deps]]
-        trained = [n for n in stages if n.startswith(("DT-001@", "DT-variant@"))]
-        assert trained and set(trained) <= set(readers)
-        assert not [n for n in readers if n.startswith("DT-000@")]   # Vanilla CoT-KD has no λ
+        writers = {name: str(o) for name, stage in stages.items() for o in stage.outs if str(o).startswith(picks)}
+        assert writers == {f"DT-select@{g}": f"{picks}/{g}.json" for g in grids}
         graph = repo.index.graph
-        assert all(graph.has_edge(stages[n], stages[writers[0]]) for n in trained)
+        main = [n for n in stages if n.startswith("DT-001@")]
+        assert main and all(graph.has_edge(stages[n], stages[f"DT-select@{params['distill']['lambda_from']}"])
+                            for n in main)
+        variants = [n for n in stages if n.startswith("DT-variant@")]
+        assert {n.split("@")[1] for n in variants} >= set(own)
+        assert all(graph.has_edge(stages[n], stages[w]) for n in variants for w in writers)
+        assert not [n for n in stages if n.startswith("DT-000@") and any(graph.has_edge(stages[n], stages[w])
+                                                                         for w in writers)]   # Vanilla has no λ

@@ -118,11 +118,14 @@ def run_identity(student_spec, teacher_spec, targets_dir: Path, manifest: dict) 
             "targets": str(targets_dir)}
 
 
-def recipe_lambdas(params: dict) -> tuple[float, float]:
-    """The recipe's λ_P1, λ_P2: the pick of the selection grid params distill.lambda_from names (App. I.3; the
-    stage DT-select@<grid>, a dependency of every run that reads it), or fixed distill.lambda_p1/lambda_p2."""
+def recipe_lambdas(params: dict, grid: str | None = None) -> tuple[float, float]:
+    """The recipe's λ_P1, λ_P2: the pick of the selection grid `grid` or, without one, of the grid params
+    distill.lambda_from names (App. I.3; the stage DT-select@<grid>, a dependency of every run that reads it),
+    or fixed distill.lambda_p1/lambda_p2."""
     from mistill.distill.selection_commands import selected_lambdas
 
+    if grid:
+        return selected_lambdas(params.get("selection") or {}, grid)
     cfg = params["distill"]
     fixed = "lambda_p1" in cfg or "lambda_p2" in cfg
     if cfg.get("lambda_from") and fixed:
@@ -137,15 +140,15 @@ def recipe_lambdas(params: dict) -> tuple[float, float]:
 def apply_variant(args, variants: dict) -> Path:
     """Set `args` from the variant entry `args.variant` (params variants.arms): its student, seed,
     precision and switches, which options given on the command line override; return its run directory."""
-    from mistill.distill.runs import VARIANT_SWITCHES, variant, variant_run_dir
+    from mistill.distill.runs import VARIANT_SWITCHES, switch_options, variant, variant_run_dir
 
     entry = variant(variants, args.variant)
     if args.arm is not None and args.arm != entry.get("arm", "mistill"):
         raise UserError(f"--variant {args.variant} trains the {entry.get('arm', 'mistill')} objective, not --arm {args.arm}")
     args.student = f"student_{entry['student']}" if args.student is None else args.student
-    for name in ("seed", "precision", *VARIANT_SWITCHES):   # the options have the entry's names
-        if getattr(args, name) is None and name in entry:
-            setattr(args, name, ",".join(entry[name]) if name == "terms" else entry[name])
+    for name, value in switch_options(entry, ("seed", "precision", *VARIANT_SWITCHES)).items():
+        if getattr(args, name) is None:
+            setattr(args, name, value)
     return variant_run_dir(variants["dir"], args.variant, entry)
 
 
@@ -200,7 +203,7 @@ def cmd_train(args) -> int:
     terms = tuple(t.strip() for t in (args.terms or ",".join(cfg["terms"])).split(",") if t.strip())
     weights = {}   # Vanilla CoT-KD has no mechanism terms: its record keeps ArmConfig's defaults
     if args.arm == "mistill":
-        base = recipe_lambdas(params) if None in (args.lambda_p1, args.lambda_p2) else (None, None)
+        base = recipe_lambdas(params, args.lambda_from) if None in (args.lambda_p1, args.lambda_p2) else (None, None)
         weights = {f"lambda_{p}": float(given if given is not None else default)
                    for p, given, default in (("p1", args.lambda_p1, base[0]), ("p2", args.lambda_p2, base[1]))}
     arm = arms.ArmConfig(arm=args.arm, **weights,
@@ -306,6 +309,8 @@ def register(subparsers) -> None:
     p.add_argument("--seed", type=int)
     p.add_argument("--lambda-p1", type=float)
     p.add_argument("--lambda-p2", type=float)
+    p.add_argument("--lambda-from", help="the selection grid (params selection.grids) whose pick gives each λ not "
+                                         "given (default: params distill.lambda_from)")
     p.add_argument("--terms", help="comma list of attn,inter,write (default: params distill.terms)")
     p.add_argument("--write-norm", action="store_true", help="z-score c per note in the write term (App. I.2)")
     p.add_argument("--window", type=int, help="W rows before each P1 event; 0 = the no-window arm")

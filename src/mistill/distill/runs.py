@@ -22,8 +22,8 @@ from mistill.errors import UserError
 
 # what a variant may change of the recipe: `mistill distill train` options of the same names
 # what a variant may change; `arm` names its objective (Mistill unless "vanilla": the Vanilla CoT-KD controls)
-VARIANT_SWITCHES = ("arm", "window", "lambda_p1", "lambda_p2", "dose", "terms", "heads", "k", "pool_seed", "positions",
-                    "event_weight")
+VARIANT_SWITCHES = ("arm", "window", "lambda_p1", "lambda_p2", "lambda_from", "dose", "terms", "heads", "k", "pool_seed",
+                    "positions", "event_weight")
 VARIANT_IDENTITY = ("student", "seed", "precision")
 POSITION_RULES = ("events", "random")   # where the loss rows sit: the teacher's events, or RandPos (App. M.1)
 
@@ -62,6 +62,12 @@ def variant(variants: dict, name: str) -> dict:
                                     + [f"unknown switches {', '.join(unknown)} (known: "
                                        f"{', '.join(VARIANT_SWITCHES)})"] * bool(unknown)))
     return entry
+
+
+def switch_options(entry: dict, switches) -> dict[str, object]:
+    """The values `distill train` takes for those of `switches` an entry (a variant, a selection grid) sets, keyed
+    by the switch, which is the option's name (`terms` as the option's comma list)."""
+    return {s: ",".join(entry[s]) if s == "terms" else entry[s] for s in switches if s in entry}
 
 
 def variant_label(name: str, entry: dict) -> str:

@@ -89,3 +89,11 @@ def outward_step(grid: Sequence[float], chosen: float) -> float | None:
     if math.isclose(chosen, grid[-1]):
         return series_value(series_index(grid[-1]) + 1)
     return None
+
+
+def nearest_miss(cells: Sequence[Cell], band: float) -> Cell | None:
+    """The cell outside the band closest to the best validation micro-F1 (App. M.2 reports its gap: the margin by
+    which the band decided), or None when every cell ties."""
+    inside = {c.lam for c in tied(cells, band)}
+    outside = [c for c in cells if c.lam not in inside]
+    return max(outside, key=lambda c: (c.micro_f1, -c.lam)) if outside else None

@@ -8,7 +8,10 @@ validation notes of params `selection` with the teacher's traces and events ther
 The rule is `mistill.distill.selection`. Written:
 
     <selection.dir>/<name>/l<λ>/{run/, generations.jsonl, task.json, fidelity.json, m1.json, cell.json}
-    <selection.dir>/<name>.json      the cells, the tied set and the pick: what the Mistill runs read
+    <selection.dir>/picks/<name>.json   the cells, the tied set and the pick: what the Mistill runs read
+
+The picks sit apart from the cells so that the variants' training stages can depend on every pick (an
+entry names its grid in `lambda_from`) without depending on the cells' weights.
 
 A killed selection resumes: a finished cell whose readout names its model's weights is not run again.
 """
@@ -17,13 +20,14 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from mistill.distill.runs import VARIANT_IDENTITY, VARIANT_SWITCHES
+from mistill.distill.runs import VARIANT_IDENTITY, VARIANT_SWITCHES, switch_options
 from mistill.distill.selection import Cell, check_grid, outward_step, pick, tied
 from mistill.errors import UserError
 
 GRID_RULE = ("lambdas", "band", "extend")
+RESERVED = ("picks", "reference")   # directories of selection.dir beside the grids' cells
 # what a grid's cells may change besides λ: a variant's switches, less those that set or rescale λ
-GRID_SWITCHES = tuple(s for s in VARIANT_SWITCHES if s not in ("arm", "lambda_p1", "lambda_p2", "dose"))
+GRID_SWITCHES = tuple(s for s in VARIANT_SWITCHES if s not in ("arm", "lambda_p1", "lambda_p2", "lambda_from", "dose"))
 
 
 def grid_entry(selection: dict, name: str) -> dict:
@@ -32,6 +36,9 @@ def grid_entry(selection: dict, name: str) -> dict:
     if name not in grids:
         raise UserError(f"unknown selection grid {name!r}; params selection.grids names "
                         f"{', '.join(sorted(grids)) or 'none'}")
+    if name in RESERVED:
+        raise UserError(f"params selection.grids.{name}: {name!r} names a directory of {selection['dir']}; "
+                        f"rename the grid")
     entry = dict(grids[name])
     missing = [k for k in (*VARIANT_IDENTITY, *GRID_RULE) if k not in entry]
     unknown = sorted(set(entry) - set(VARIANT_IDENTITY) - set(GRID_RULE) - set(GRID_SWITCHES))
@@ -45,28 +52,37 @@ def grid_entry(selection: dict, name: str) -> dict:
 
 
 def selection_file(selection: dict, name: str) -> Path:
-    """The pick of grid `name`: what a Mistill run whose params name this grid (distill.lambda_from) reads."""
-    return Path(selection["dir"]) / f"{name}.json"
+    """The pick of grid `name`: what a Mistill run whose params name this grid (distill.lambda_from, a variant's
+    lambda_from) reads."""
+    return Path(selection["dir"]) / "picks" / f"{name}.json"
 
 
-def selected_lambdas(selection: dict, name: str) -> tuple[float, float]:
+def read_selection(selection: dict, name: str) -> dict:
+    """The pick file of grid `name` (cells, tied set, pick), as `mistill distill select` wrote it."""
     from mistill.io import read_json
 
     path = selection_file(selection, name)
     if not path.is_file():
         raise UserError(f"{path}: no λ selection (run `dvc repro DT-select@{name}`)")
-    chosen = read_json(path, "λ selection")["selected"]
+    return read_json(path, "λ selection")
+
+
+def selected_lambdas(selection: dict, name: str) -> tuple[float, float]:
+    chosen = read_selection(selection, name)["selected"]
     return float(chosen["lambda_p1"]), float(chosen["lambda_p2"])
+
+
+def selection_cells(chosen: dict) -> list[Cell]:
+    """The validation cells of a pick file."""
+    return [Cell(float(c["lambda"]), float(c["micro_f1"]), float(c["m1_p2c"])) for c in chosen["cells"]]
 
 
 def _cell_args(name: str, entry: dict, lam: float, run: Path) -> list[str]:
     args = ["distill", "train", "--arm", "mistill", "--student", f"student_{entry['student']}",
             "--precision", entry["precision"], "--seed", str(int(entry["seed"])),
             "--lambda-p1", f"{lam:g}", "--lambda-p2", f"{lam:g}", "--out", str(run)]
-    for switch in GRID_SWITCHES:
-        if switch in entry:
-            value = ",".join(entry[switch]) if switch == "terms" else entry[switch]
-            args += [f"--{switch.replace('_', '-')}", str(value)]
+    for switch, value in switch_options(entry, GRID_SWITCHES).items():
+        args += [f"--{switch.replace('_', '-')}", str(value)]
     return args
 
 

@@ -191,6 +191,14 @@ def seed_mean_sd(seeds: dict[int, ArmSeed], metric: str) -> tuple[float, float |
     return (statistics.fmean(per_seed), statistics.stdev(per_seed) if len(per_seed) > 1 else None, per_seed)
 
 
+def cap_share(arm: ArmSeed) -> float:
+    """Share of the arm's generations that reached the token cap."""
+    rows = list(arm.generations.values())
+    if not rows or any("hit_cap" not in r for r in rows):
+        raise UserError(f"{arm.path}/generations.jsonl: no per-note hit_cap; regenerate")
+    return statistics.fmean(bool(r["hit_cap"]) for r in rows)
+
+
 GENERATION_BEHAVIOUR = ("cap_share", "mean_new_tokens")
 
 

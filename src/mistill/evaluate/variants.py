@@ -28,6 +28,7 @@ from mistill.evaluate.readout import (
     FAMILIES,
     ArmSeed,
     arm_labels,
+    cap_share,
     eval_root,
     load_arm,
     minus_reference,
@@ -212,11 +213,16 @@ class VariantReadout:
         """phase -> the (layer, head) pool the variant's loss supervised (its run config)."""
         return {phase: [tuple(h) for h in pool["heads"]] for phase, pool in self.run_config().get("pools", {}).items()}
 
+    def lift_notes(self, arm: str, phase: str) -> dict[str, float]:
+        """{note: M2 region lift of the own top read-side heads at the phase} at the variant's seed."""
+        root, label = self.arms[arm]
+        values = self._at_seed(arm_values(root, label, "m2", phase=phase), arm)
+        self.inputs.append(seed_dirs(root, label)[self.seed])
+        return values[self.seed]
+
     def m2_lift(self, arm: str, phase: str) -> float | None:
         """Median over test notes of the M2 region lift of the own top read-side heads at the phase."""
-        root, label = self.arms[arm]
-        return seed_medians(self._at_seed(arm_values(root, label, "m2", phase=phase), arm)
-                            )["per_seed_median"].get(self.seed)
+        return seed_medians({self.seed: self.lift_notes(arm, phase)})["per_seed_median"].get(self.seed)
 
     # -- evaluation and training run -------------------------------------------------------------------
     def evaluation(self, arm: str) -> ArmSeed:
@@ -233,10 +239,7 @@ class VariantReadout:
 
     def cap_share(self, arm: str) -> float:
         """Share of the test generations that reached the token cap."""
-        rows = list(self.evaluation(arm).generations.values())
-        if not rows or any("hit_cap" not in r for r in rows):
-            raise UserError(f"{self.evaluation(arm).path}/generations.jsonl: no per-note hit_cap; regenerate")
-        return statistics.fmean(bool(r["hit_cap"]) for r in rows)
+        return cap_share(self.evaluation(arm))
 
     def m1(self, arm: str, phase: str) -> float:
         """M1 at the phase: the share of the teacher's events where the student's margin is positive."""
