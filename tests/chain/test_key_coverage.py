@@ -1554,3 +1554,96 @@ def test_r_d31_r_d32_matched_selection_by_hand(tmp_path):
                {"arm": {"lambda_p1": 0.1, "lambda_p2": 0.1}})   # a run not trained at its grid's pick is refused
     with pytest.raises(UserError, match="not grid randheadsp0's pick 0.3"):
         reader("R-D32").compute_values(params)
+
+
+def test_r_d17_precision_control_by_hand(tmp_path):
+    """The precision control on hand-made artifacts: the main arms' and the three fp32 Mistill runs' answers,
+    M1, LAS, training logs, own-heads recoveries and lifts at P2C and P1 set by hand; seed means, per-note and
+    note-clustered differences against numpy."""
+    from mistill.distill.runs import variant_label, variant_run_dir
+    from mistill.evaluate.task import task_metrics
+    from tests.chain.test_readers import GOLD, TRAIN_GOLD, note_f1, write_arm
+
+    params = _variant_params(tmp_path, test_notes=True)
+    params["distill"]["runs_dir"] = str(tmp_path)
+    section, arms = params["evaluate"]["own_heads"], params["variants"]["arms"]
+    rows = section["arms"]
+    k, k8, notes, seeds = max(section["bins"]), min(section["bins"]), [f"n{i}" for i in range(6)], (0, 1, 2)
+    rng = np.random.default_rng(17)
+    drop = {"n1": ["A00.0"], "n2": None, "n3": GOLD["n3"], "n4": GOLD["n4"]}       # a worse list, one invalid
+    preds = {"qwen_vanilla_fp32": GOLD, "qwen_vanilla_bf16": drop, "qwen_mistill": {**drop, "n2": GOLD["n2"]},
+             "smollm_vanilla_fp32": GOLD, "smollm_vanilla_bf16": {**GOLD, "n1": None, "n2": None, "n3": None},
+             "fp32mistill": {**GOLD, "n3": ["D00.0"]}}
+    m1 = {kind: {"pooled": 0.8, "per_note": {}} for kind in PHASES}
+    where = {}
+    for row in ("qwen_vanilla_fp32", "qwen_vanilla_bf16", "qwen_mistill", "smollm_vanilla_fp32", "smollm_vanilla_bf16"):
+        for seed in seeds:
+            write_arm(tmp_path, rows[row], seed, preds[row], m1)
+        where[row] = (tmp_path, rows[row])
+    fp32 = {}
+    for i, name in enumerate(("fp32mistill", "fp32mistill1", "fp32mistill2")):
+        entry = arms[name]
+        write_arm(tmp_path / "variants", variant_label(name, entry), entry["seed"], preds["fp32mistill"],
+                  {kind: {**cell, "pooled": 0.75 + 0.01 * i} for kind, cell in m1.items()})
+        write_json(variant_run_dir(params["variants"]["dir"], name, entry) / "config.json",
+                   {"arm": {"lambda_p1": 0.1, "lambda_p2": 0.1}})
+        fp32[entry["seed"]] = (tmp_path / "variants", variant_label(name, entry))
+    las = {rows["qwen_vanilla_fp32"]: [0.5, 0.4, 0.3, 0.2], variant_label("fp32mistill", arms["fp32mistill"]): [0.4, 0.4, 0.3, 0.1]}
+    for label, per_note in las.items():
+        write_json(tmp_path / "LAS" / f"{label}-s0" / "las.json", {"metrics": {"las": float(np.mean(per_note))},
+                                                                 "per_note": {"las": dict(zip(GOLD, per_note))}})
+    for precision, cot in (("fp32", [0.536, 0.5, 0.419]), ("bf16", [0.532, 0.5, 0.478])):
+        write_jsonl(tmp_path / "DT-000" / f"student-qwen-vanilla-{precision}-s0" / "metrics.jsonl",
+                    [{"step": i + 1, "loss": c, "cot": c} for i, c in enumerate(cot)])
+    rec, lift = {}, {}
+    for seed in seeds:
+        for arm, (root, label) in [*((f"fp32-{seed}", fp32[seed]),), *((f"{row}-{seed}", where[row]) for row in
+                                                                        ("qwen_vanilla_fp32", "qwen_vanilla_bf16", "qwen_mistill"))]:
+            rec[arm] = {("P2C", kk): rng.uniform(0.2, 0.95, len(notes)) for kk in section["bins"]}
+            lift[arm] = {ph: rng.uniform(0.5, 3.0, len(notes)) for ph in ("P1", "P2C")}
+            _own_heads_by_hand({arm: (root, label)}, seed, notes, {arm: rec[arm]}, {arm: lift[arm]["P2C"]},
+                               section["bins"], "P2C")
+            m6 = arm_dirs(root, label, seed)[1]
+            write_json(m6 / "readside.json", {"phases": {ph: {"per_note": {"top": {
+                n: {"lift": float(x)} for n, x in zip(notes, lift[arm][ph])}}} for ph in ("P1", "P2C")}})
+
+    values, _ = reader("R-D17").compute_values(params)
+    _assert_writes_what_it_lists(reader("R-D17"), params, values)
+    unproduced = set(REGISTRY.results["R-D17"].unproduced_keys)
+    assert set(REGISTRY.expected("paper").values["R-D17"]) - unproduced <= set(values)
+    assert not unproduced & set(values)
+    v = {key: x["value"] for key, x in values.items()}
+    f1 = {row: task_metrics([p[n] or [] for n in GOLD], [GOLD[n] for n in GOLD], [p[n] is not None for n in GOLD],
+                            TRAIN_GOLD)["micro_f1"] for row, p in preds.items()}
+    assert v["qwen_bf16_minus_fp32_vanilla_microf1"] == pytest.approx(f1["qwen_vanilla_bf16"] - f1["qwen_vanilla_fp32"])
+    assert v["smollm_bf16_minus_fp32_vanilla_microf1"] == pytest.approx(f1["smollm_vanilla_bf16"] - 1.0)
+    assert v["qwen_bf16_vanilla_microf1_seeds"] == pytest.approx([f1["qwen_vanilla_bf16"]] * 3)
+    assert v["qwen_fp32_mistill_transferred_lambda_microf1"] == pytest.approx(f1["fp32mistill"])
+    per_note = [note_f1(preds["fp32mistill"][n] or [], GOLD[n]) - note_f1(GOLD[n], GOLD[n]) for n in GOLD]
+    assert v["qwen_fp32_mistill_minus_fp32_vanilla"] == pytest.approx(np.mean(per_note))
+    per_note = [note_f1(preds["fp32mistill"][n] or [], GOLD[n]) - note_f1(preds["qwen_mistill"][n] or [], GOLD[n])
+                for n in GOLD]
+    assert v["qwen_fp32_mistill_minus_bf16_mistill"] == pytest.approx(np.mean(per_note))
+    assert v["qwen_fp32_mistill_las_vs_fp32_vanilla"] == pytest.approx(np.mean([-0.1, 0, 0, -0.1]))
+    assert v["qwen_fp32_mistill_m1_p2c"] == pytest.approx(0.76)
+    assert v["qwen_fp32_mistill_lambda"] == 0.1
+    assert v["training_ce_fp32_vanilla_pilot"] == [0.536, 0.419]
+    assert v["training_ce_bf16_vanilla_selection"] == [0.532, 0.478]
+    assert v["smollm_bf16_vanilla_valid_rate"] == 0.25
+    # completed answers of bf16 Vanilla: n1 {A00.0} of {A00.0, B00.0}, n3 and n4 exact; n2 invalid and left out
+    assert v["qwen_bf16_vanilla_completed_precision_recall"] == pytest.approx([1.0, 4 / 5])
+    assert v["qwen_fp32_mistill_own_p2c_seeds"] == pytest.approx([np.median(rec[f"fp32-{s}"][("P2C", k)]) for s in seeds])
+    assert v["qwen_fp32_mistill_own_p2c_k8"] == pytest.approx(
+        np.mean([np.median(rec[f"fp32-{s}"][("P2C", k8)]) for s in seeds]))
+    for row, key in (("qwen_vanilla_fp32", "qwen_fp32_mistill_vs_fp32_vanilla_own_p2c"),
+                     ("qwen_vanilla_bf16", "qwen_fp32_mistill_vs_bf16_vanilla_own_p2c"),
+                     ("qwen_mistill", "qwen_fp32_mistill_vs_bf16_mistill_own_p2c")):
+        diff = np.mean([rec[f"fp32-{s}"][("P2C", k)] - rec[f"{row}-{s}"][("P2C", k)] for s in seeds], axis=0)
+        assert v[key] == pytest.approx(diff.mean()), key
+    for phase, key in (("P2C", "qwen_fp32_mistill_m2_p2c_vs_bf16_vanilla"), ("P1", "qwen_fp32_mistill_m2_p1")):
+        diff = np.mean([lift[f"fp32-{s}"][phase] - lift[f"qwen_vanilla_bf16-{s}"][phase] for s in seeds], axis=0)
+        assert v[key] == pytest.approx(diff.mean()), key
+
+    arms["fp32mistill1"]["lambda_from"] = "bf16"   # an fp32 run at a λ of its own is not the transferred-λ control
+    with pytest.raises(UserError, match="transferred lambda"):
+        reader("R-D17").compute_values(params)

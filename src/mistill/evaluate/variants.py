@@ -26,6 +26,7 @@ from mistill.evaluate.compare import arm_values, clustered, seed_dirs, seed_medi
 from mistill.evaluate.own_heads import OwnHeadsConfig
 from mistill.evaluate.readout import (
     FAMILIES,
+    LAS_DIR,
     ArmSeed,
     arm_labels,
     cap_share,
@@ -228,7 +229,8 @@ class VariantReadout:
     def evaluation(self, arm: str) -> ArmSeed:
         root, label = self.arms[arm]
         evals = root / "DT-eval" if root == self.arms["variant"][0] else eval_root(self.params)
-        run = load_arm(evals, label).get(self.seed)
+        # LAS lives where stage LAS writes every arm's (<artifacts>/LAS), as for the baselines
+        run = load_arm(evals, label, las_root=eval_root(self.params).parent / LAS_DIR).get(self.seed)
         if run is None:
             raise UserError(f"{evals}/{label}-s{self.seed}: not evaluated; run its evaluation stage")
         self.inputs += run.files()
