@@ -35,7 +35,7 @@ def md_row(text, label):
 def test_the_demo_claims_its_demo_results_and_their_demo_keys(registry):
     claims = claimed_numbers(registry, "demo")
     assert sorted(claims) == ["R-C1", "R-C10", "R-C11", "R-C12", "R-C13", "R-C14", "R-C2", "R-C3", "R-C4", "R-C5", "R-C6", "R-C7", "R-C8",
-                              "R-C9", "R-D0", "R-D1", "R-D10", "R-D12", "R-D13", "R-D14", "R-D15", "R-D16", "R-D18", "R-D19", "R-D2", "R-D20", "R-D21", "R-D23", "R-D24", "R-D25", "R-D26", "R-D27", "R-D28", "R-D3", "R-D31", "R-D32", "R-D33", "R-D34",
+                              "R-C9", "R-D0", "R-D1", "R-D10", "R-D12", "R-D13", "R-D14", "R-D15", "R-D16", "R-D17", "R-D18", "R-D19", "R-D2", "R-D20", "R-D21", "R-D23", "R-D24", "R-D25", "R-D26", "R-D27", "R-D28", "R-D3", "R-D31", "R-D32", "R-D33", "R-D34",
                               "R-D35", "R-D4", "R-D5",
                               "R-D6", "R-D7", "R-D9"]
     assert list(claims["R-C3"]) == list(registry.expected("demo").values["R-C3"])
@@ -123,13 +123,13 @@ def test_rows_name_the_profiles_own_models(registry, demo_results, tmp_path, mon
 
 
 def test_table3_shows_every_row_the_demo_computed(registry, tmp_path):
-    """After `dvc repro R-D6` (the committed numbers files), Table 3 has no ?? in a row the demo trains: the seed-grid
-    and λ arms it does not train (R-D17, R-D30) are the only gaps."""
+    """After `dvc repro R-D6` (the committed numbers files), Table 3 has no ?? in a row the demo trains: the λ arm it
+    does not train (R-D30) is the only gap."""
     render(registry, REPO / "results", tmp_path / "build", strict=True)
     rows = [line for line in (tmp_path / "build" / "tables" / "table3.md").read_text().splitlines()
             if line.startswith("| ") and not line.startswith("| ***") and not line.startswith("| Arm")]
     gaps = [line.split(" | ")[0][2:] for line in rows if MISSING in line]
-    assert gaps == ["Mistill (fp32, lambda 0.1), seeds", "Mistill (fp32, lambda 0.01), seeds"]
+    assert gaps == ["Mistill (fp32, fp32-selected lambda), seeds"]
     assert len(rows) == 12
     mistill = next(line for line in rows if line.startswith("| Mistill, seeds"))
     numbers = json.loads((REPO / "results" / "R-D6.json").read_text())["values"]

@@ -159,8 +159,8 @@ def test_paper_profile_cells_are_the_numbers_files_values(registry, paper_result
         "0.834 / 0.835 / 0.847", "0.430 / 0.431 / 0.432", "0.440 / 0.441 / 0.442", "0.136 / 0.148 / 0.147"]
     assert t45[qwen]["Mistill, seeds"][2] == "0.873 / 0.870 / 0.874"
     assert t45[qwen]["Mistill, seeds"][5] == "0.151 / 0.148 / 0.149"      # per-seed micro-F1 (R-D5)
-    assert t45[qwen]["Mistill (fp32, lambda 0.1), seeds"] == ["–", "–", "0.870 / 0.836 / 0.850", "–", "–", "–"]
-    assert t45[qwen]["Mistill (fp32, lambda 0.01), seeds"][2] == "0.892 / 0.897 / 0.892"
+    assert t45[qwen]["Mistill (fp32, bf16-selected lambda), seeds"] == ["–", "–", "0.870 / 0.836 / 0.850", "–", "–", "–"]
+    assert t45[qwen]["Mistill (fp32, fp32-selected lambda), seeds"][2] == "0.892 / 0.897 / 0.892"
     # seed-matched: R-D6's differences (three decimals, as the paper prints -0.020), R-D18's counts and task interval
     assert t45[qwen_pairs]["Mistill minus bf16 Vanilla CoT-KD"] == [
         "–", "−0.020", "0.027", "–", "–", "−0.006 [−0.021, 0.008]"]
@@ -170,13 +170,13 @@ def test_paper_profile_cells_are_the_numbers_files_values(registry, paper_result
     assert t45[qwen_pairs]["Mistill minus fp32 Vanilla CoT-KD"] == [
         "–", "0.019", "0.011", "0.113", "–", "−0.037 [−0.052, −0.022]"]
     assert t45[qwen_pairs]["Mistill minus fp32 Vanilla CoT-KD, M2 at P1 (pooled note pairs)"][3] == "0.170"
-    assert t45[qwen_pairs]["Mistill (fp32, lambda 0.1) minus fp32 Vanilla CoT-KD"] == [
+    assert t45[qwen_pairs]["Mistill (fp32, bf16-selected lambda) minus fp32 Vanilla CoT-KD"] == [
         "–", "–", "−0.005", "–", "–", "−0.024"]
-    assert t45[qwen_pairs]["Mistill (fp32, lambda 0.1) minus bf16 Vanilla CoT-KD"][2:4] == ["0.004", "−0.308"]
-    assert t45[qwen_pairs]["Mistill (fp32, lambda 0.01) minus fp32 Vanilla CoT-KD"] == [
+    assert t45[qwen_pairs]["Mistill (fp32, bf16-selected lambda) minus bf16 Vanilla CoT-KD"][2:4] == ["0.004", "−0.308"]
+    assert t45[qwen_pairs]["Mistill (fp32, fp32-selected lambda) minus fp32 Vanilla CoT-KD"] == [
         "–", "–", "0.030", "−0.262", "–", "−0.013"]
-    assert t45[qwen_pairs]["seed pairs (fp32, lambda 0.01)"][2] == "0.041 / 0.047 / 0.002"
-    assert t45[qwen_pairs]["notes Mistill higher (fp32, lambda 0.01)"][2] == "118"
+    assert t45[qwen_pairs]["seed pairs (fp32, fp32-selected lambda)"][2] == "0.041 / 0.047 / 0.002"
+    assert t45[qwen_pairs]["notes Mistill higher (fp32, fp32-selected lambda)"][2] == "118"
     assert t45[smol]["untrained"] == ["0.985 (0.134)", "0.510", "0.416 (0.107)", "0.530", "0.540", "0.003"]
     assert t45[smol]["Vanilla CoT-KD (fp32), seeds"][2:] == [
         "0.541 / 0.523 / 0.530", "0.580 / 0.581 / 0.582", "0.590 / 0.591 / 0.592", "0.148 / 0.113 / 0.129"]
@@ -211,7 +211,7 @@ def test_paper_profile_cells_are_the_numbers_files_values(registry, paper_result
             for row in rows.values():
                 assert all(c.count(" / ") == 2 for c in row if " / " in c), row
     tex = (tmp_path / "build" / "tables" / "table45.tex").read_text()
-    assert r"Mistill (fp32, lambda 0.1) minus fp32 Vanilla CoT-KD & -- & -- & $-$0.005 & -- & -- & $-$0.024 \\" in tex
+    assert r"Mistill (fp32, bf16-selected lambda) minus fp32 Vanilla CoT-KD & -- & -- & $-$0.005 & -- & -- & $-$0.024 \\" in tex
     assert r"\label{tab:per-seed-own-heads}" in tex
     tex = (tmp_path / "build" / "tables" / "table46.tex").read_text()
     assert r"OPD (1 seed) & 0.179 & 0.973 & 0.020 & 401 \\" in tex
@@ -241,26 +241,23 @@ def test_demo_profile_shows_every_seed_and_fills_every_cell_it_computes(registry
     assert t46[smol]["Vanilla CoT-KD (fp32), seeds"][0] == joined(demo["R-D2"]["smollm_vanilla_fp32_microf1_seeds"].value)
     assert t46[qwen]["Mistill, seeds"][0] == joined(demo["R-D5"]["qwen_mistill_microf1_seeds"].value)
 
-    # ?? only where the demo computes nothing: the fp32 Mistill arms (R-D17, R-D30), Feature-KD's seeds 1 and 2; the
-    # baseline rows (R-D3, R-D4)
-    # and SmolLM's bf16 valid rate (R-D5's, where R-D17 is absent) are filled
+    # ?? only where the demo computes nothing: the fp32 Mistill arms at the fp32-selected lambda (R-D30), Feature-KD's
+    # seeds 1 and 2; the baseline rows (R-D3, R-D4), the fp32 Mistill arms at the bf16-selected lambda (R-D17) and
+    # SmolLM's bf16 valid rate are filled
     shown = {(t, section, label, col) for t, text in md.items() for section, rows in md_sections(text).items()
              for label, row in rows.items() for col, c in zip(T45[1:] if t == "table45" else T46[1:], row)
              if MISSING in c}
-    fp32_rows = ["Mistill (fp32, lambda 0.1) minus fp32 Vanilla CoT-KD", "Mistill (fp32, lambda 0.1) minus bf16 Vanilla CoT-KD",
-                 "Mistill (fp32, lambda 0.1) minus Mistill (bf16)", "Mistill (fp32, lambda 0.01) minus fp32 Vanilla CoT-KD"]
+    fp32_selected = "Mistill (fp32, fp32-selected lambda) minus fp32 Vanilla CoT-KD"
     assert shown == {
-        ("table45", qwen, "Mistill (fp32, lambda 0.1), seeds", "M4 P2C"),
-        ("table45", qwen, "Mistill (fp32, lambda 0.01), seeds", "M4 P2C"),
-        ("table45", qwen_pairs, fp32_rows[0], "M4 P2C"), ("table45", qwen_pairs, fp32_rows[0], "task"),
-        ("table45", qwen_pairs, fp32_rows[1], "M4 P2C"), ("table45", qwen_pairs, fp32_rows[1], "M2 lift"),
-        ("table45", qwen_pairs, fp32_rows[2], "M4 P2C"), ("table45", qwen_pairs, fp32_rows[2], "task"),
-        ("table45", qwen_pairs, fp32_rows[3], "M4 P2C"), ("table45", qwen_pairs, fp32_rows[3], "M2 lift"),
-        ("table45", qwen_pairs, fp32_rows[3], "task"),
-        ("table45", qwen_pairs, "seed pairs (fp32, lambda 0.01)", "M4 P2C"),
-        ("table45", qwen_pairs, "notes Mistill higher (fp32, lambda 0.01)", "M4 P2C"),
+        ("table45", qwen, "Mistill (fp32, fp32-selected lambda), seeds", "M4 P2C"),
+        ("table45", qwen_pairs, fp32_selected, "M4 P2C"), ("table45", qwen_pairs, fp32_selected, "M2 lift"),
+        ("table45", qwen_pairs, fp32_selected, "task"),
+        ("table45", qwen_pairs, "seed pairs (fp32, fp32-selected lambda)", "M4 P2C"),
+        ("table45", qwen_pairs, "notes Mistill higher (fp32, fp32-selected lambda)", "M4 P2C"),
         ("table46", qwen, "Feature-KD, seeds", "micro-F1"),   # the demo trains Feature-KD at seed 0 alone
     }
+    transferred = t45[qwen]["Mistill (fp32, bf16-selected lambda), seeds"]
+    assert transferred[2] == joined(demo["R-D17"]["qwen_fp32_mistill_own_p2c_seeds"].value)
     assert report.claimed == set()
     # the seed-matched lines the demo computes: R-D6's differences, R-D18's counts, sign tests and task intervals
     row = t45[qwen_pairs]["Mistill minus bf16 Vanilla CoT-KD"]
@@ -281,7 +278,7 @@ def set_value(results, rid, key, new):
 # other: lines of the other table that move too (a per-seed micro-F1 list feeds both tables' cells)
 @pytest.mark.parametrize("table, rid, key, new, section, label, column, shown, other", [
     ("table45", "R-D17", "qwen_fp32_mistill_vs_fp32_vanilla_own_p2c", -0.007, "qwen_pairs",
-     "Mistill (fp32, lambda 0.1) minus fp32 Vanilla CoT-KD", "M4 P2C", "−0.007", 0),
+     "Mistill (fp32, bf16-selected lambda) minus fp32 Vanilla CoT-KD", "M4 P2C", "−0.007", 0),
     ("table45", "R-D12", "qwen_mistill_own_p2c_seeds", [0.873, 0.861, 0.874], "qwen", "Mistill, seeds", "M4 P2C",
      "0.873 / 0.861 / 0.874", 0),
     ("table45", "R-D6", "smollm_mistill_m2_lift_p2c_seeds", [0.68, 0.699, 0.682], "smol", "Mistill, seeds", "M2 lift",
