@@ -1647,3 +1647,110 @@ def test_r_d17_precision_control_by_hand(tmp_path):
     arms["fp32mistill1"]["lambda_from"] = "bf16"   # an fp32 run at a λ of its own is not the transferred-λ control
     with pytest.raises(UserError, match="transferred lambda"):
         reader("R-D17").compute_values(params)
+
+
+def test_r_d8_learning_curve_by_hand(tmp_path):
+    """The learning curve on hand-made artifacts: the four smaller-size variants and the main arms at three seeds,
+    their answers and M1 set by hand; the sizes from the runs' configs, the paired counts against an exact binomial
+    test, the M1 leads by hand."""
+    from scipy.stats import binomtest
+
+    from mistill.distill.runs import variant_label, variant_run_dir
+    from tests.chain.test_readers import GOLD, note_f1, write_arm
+
+    params = _variant_params(tmp_path, test_notes=True)
+    params["distill"]["runs_dir"] = str(tmp_path)
+    rows, arms = params["evaluate"]["own_heads"]["arms"], params["variants"]["arms"]
+    worse = {"n1": ["A00.0"], "n2": None, "n3": GOLD["n3"], "n4": ["X00.0"]}
+    preds = {"mistilln100": {**GOLD, "n4": ["X00.0"]}, "vanillan100": worse, "mistilln250": worse, "vanillan250": GOLD,
+             "qwen_mistill": {**GOLD, "n1": ["A00.0"]}, "qwen_vanilla_bf16": worse, "qwen_vanilla_fp32": GOLD}
+    m1 = {"mistilln100": 0.7, "vanillan100": 0.6, "mistilln250": 0.72, "vanillan250": 0.69, "qwen_mistill": 0.8,
+          "qwen_vanilla_bf16": 0.76, "qwen_vanilla_fp32": 0.78}
+
+    def shares(p2c):
+        return {kind: {"pooled": p2c if kind == "P2C" else 0.5, "per_note": {}} for kind in PHASES}
+
+    for name in ("mistilln100", "vanillan100", "mistilln250", "vanillan250"):
+        entry = arms[name]
+        write_arm(tmp_path / "variants", variant_label(name, entry), entry["seed"], preds[name], shares(m1[name]))
+        write_json(variant_run_dir(params["variants"]["dir"], name, entry) / "config.json",
+                   {"example_ids": [f"t{i}" for i in range(entry["n_train"])]})
+    for row in ("qwen_mistill", "qwen_vanilla_bf16", "qwen_vanilla_fp32"):
+        for seed in (0, 1, 2):
+            write_arm(tmp_path, rows[row], seed, preds[row], shares(m1[row] + 0.01 * seed))
+    write_json(tmp_path / "DT-001" / f"{rows['qwen_mistill']}-s0" / "config.json",
+               {"example_ids": [f"t{i}" for i in range(493)]})
+
+    _, v = _read_by_hand("R-D8", params)
+    assert v["training_sizes"] == [arms["mistilln100"]["n_train"], arms["mistilln250"]["n_train"], 493] == [100, 250, 493]
+
+    def counts(a, b, times=1):
+        d = [note_f1(preds[a][n] or [], GOLD[n]) - note_f1(preds[b][n] or [], GOLD[n]) for n in GOLD] * times
+        return sum(x > 0 for x in d), sum(x < 0 for x in d)
+
+    for i, (a, b, times, key) in enumerate((("mistilln100", "vanillan100", 1, "n100_mistill_vs_vanilla_notes"),
+                                            ("mistilln250", "vanillan250", 1, "n250_mistill_vs_vanilla_notes"),
+                                            ("qwen_mistill", "qwen_vanilla_bf16", 3, "n493_mistill_vs_bf16_vanilla_note_pairs"))):
+        higher, lower = counts(a, b, times)
+        assert (v[key], v["notes_higher_by_size"][i], v["notes_lower_by_size"][i]) == (higher, higher, lower), key
+        assert v["sign_p_by_size"][i] == pytest.approx(binomtest(higher, higher + lower, 0.5).pvalue)
+    assert (v["n100_mistill_vs_vanilla_notes"], v["n493_mistill_vs_bf16_vanilla_note_pairs"]) == (2, 6)
+    assert v["m1_p2c_lead_n100_n250_n493"] == pytest.approx([0.1, 0.03, 0.04])
+    assert v["m1_p2c_lead_vs_fp32_vanilla_n493"] == pytest.approx(0.02)
+    assert v["n493_fp32_vanilla_seed0_microf1"] == 1.0
+    assert v["microf1_vanilla_bf16_by_size"][1] == 1.0 and v["microf1_mistill_by_size"][1] < 1.0
+
+    arms["vanillan250"]["n_train"] = 200   # the two arms of a size must train on the same notes
+    with pytest.raises(UserError, match="one student, seed, precision and n_train"):
+        reader("R-D8").compute_values(params)
+
+
+def test_r_d11_extra_cells_by_hand(tmp_path):
+    """The three extra cells on hand-made artifacts: answers, M1 and LAS set by hand; per-note differences and
+    counts by hand, the replicate's absolute differences, SmolLM3's valid and cap shares."""
+    from mistill.distill.runs import variant_label, variant_run_dir
+    from tests.chain.test_readers import GOLD, note_f1, write_arm
+
+    params = _variant_params(tmp_path, test_notes=True)
+    rows, arms = params["evaluate"]["own_heads"]["arms"], params["variants"]["arms"]
+
+    def shares(p1, p2, p2c):
+        return {"P1": {"pooled": p1, "per_note": {}}, "P2": {"pooled": p2, "per_note": {}},
+                "P2C": {"pooled": p2c, "per_note": {}}}
+
+    light = {**GOLD, "n1": ["A00.0"]}
+    rep, original = {**GOLD, "n3": ["D00.0"]}, {**GOLD, "n2": ["Z00.0"], "n4": ["F00.0", "Q00.0"]}
+    alone, both = {"n1": None, "n2": None, "n3": ["D00.0"], "n4": None}, {**GOLD, "n1": None}
+    write_arm(tmp_path / "variants", variant_label("lightp1", arms["lightp1"]), 0, light, shares(0.86, 0.71, 0.8))
+    write_json(variant_run_dir(params["variants"]["dir"], "lightp1", arms["lightp1"]) / "config.json",
+               {"arm": {"lambda_p1": 0.03, "lambda_p2": 0.1}})
+    write_arm(tmp_path, rows["qwen_mistill"], 0, GOLD, shares(0.857, 0.712, 0.802))
+    write_arm(tmp_path / "variants", variant_label("replicate2", arms["replicate2"]), 2, rep, shares(0.5, 0.5, 0.802))
+    write_arm(tmp_path, rows["qwen_mistill"], 2, original, shares(0.5, 0.5, 0.804))
+    write_arm(tmp_path / "variants", variant_label("smolattnonly", arms["smolattnonly"]), 0, alone,
+              shares(0.844, 0.535, 0.736))
+    write_arm(tmp_path, rows["smollm_mistill"], 0, both, shares(0.5, 0.5, 0.5))
+    for label, las in ((f'{variant_label("replicate2", arms["replicate2"])}-s2', 0.25),
+                       (f'{rows["qwen_mistill"]}-s2', 0.23),
+                       (f'{variant_label("smolattnonly", arms["smolattnonly"])}-s0', 0.082),
+                       (f'{rows["smollm_mistill"]}-s0', 0.081)):
+        write_json(tmp_path / "LAS" / label / "las.json", {"metrics": {"las": las}, "per_note": {"las": {}}})
+
+    _, v = _read_by_hand("R-D11", params)
+    f1 = {name: [note_f1(p[n] or [], GOLD[n]) for n in GOLD] for name, p in
+          (("light", light), ("gold", GOLD), ("rep", rep), ("original", original), ("alone", alone), ("both", both))}
+    assert v["qwen_lambda_p1_003_lambdas"] == [0.03, 0.1]
+    assert v["qwen_lambda_p1_003_vs_mistill"] == pytest.approx(np.mean(np.subtract(f1["light"], f1["gold"])))
+    assert v["qwen_lambda_p1_003_m1_p1_p2_p2c"] == [0.86, 0.71, 0.8]
+    assert v["original_seed2_microf1"] < v["replicate_seed2_other_gpu_microf1"] < 1.0
+    assert v["t_noise_microf1_m1p2c_las"] == pytest.approx(
+        [v["replicate_seed2_other_gpu_microf1"] - v["original_seed2_microf1"], 0.002, 0.02])
+    # the replicate is higher on n2 and n4, lower on n3, tied on n1
+    assert v["replicate_paired_notes"] == 2 and v["replicate_m1_p2c"] == 0.802
+    assert v["smollm_attn_only_valid_cap"] == [0.25, 0.75]
+    assert v["smollm_attn_only_m1_p1_p2_p2c"] == [0.844, 0.535, 0.736] and v["smollm_attn_only_las"] == 0.082
+    assert v["smollm_attn_only_vs_both_terms_s0"] == sum(a > b for a, b in zip(f1["alone"], f1["both"])) == 0
+
+    arms["replicate2"]["window"] = 0   # a replicate changes nothing of the recipe
+    with pytest.raises(UserError, match="changing nothing"):
+        reader("R-D11").compute_values(params)

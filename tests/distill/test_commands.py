@@ -113,6 +113,25 @@ def test_a_recipe_variant_trains_its_switches_under_the_variants_directory(proje
     assert not (project / "runs").exists()
 
 
+def test_a_learning_curve_variant_trains_on_its_subset_of_the_notes(project):
+    """`n_train` (App. M.5): the variant trains on that many of the targets' notes, the subset
+    `mistill.distill.subsets.training_subset` names, and a Vanilla CoT-KD variant on the same ones."""
+    from mistill.distill.subsets import training_subset
+
+    params = yaml.safe_load((project / "params.yaml").read_text())
+    params["demo"]["variants"] = {"dir": "variants", "arms": {
+        "mistilln1": {"student": "qwen", "seed": 0, "precision": "bf16", "n_train": 1},
+        "vanillan1": {"arm": "vanilla", "student": "qwen", "seed": 0, "precision": "bf16", "n_train": 1}}}
+    (project / "params.yaml").write_text(yaml.safe_dump(params))
+    assert main(["distill", "targets"]) == 0
+    for name in ("mistilln1", "vanillan1"):
+        assert main(["distill", "train", "--variant", name]) == 0
+    configs = [json.loads((project / "variants" / "DT-001" / f"student-qwen-{n}-bf16-s0" / "config.json").read_text())
+               for n in ("mistilln1", "vanillan1")]
+    assert [c["example_ids"] for c in configs] == [training_subset(["a", "b"], 1)] * 2
+    assert configs[0]["total_steps"] == 1 and configs[1]["arm"]["arm"] == "vanilla"
+
+
 def test_a_randpos_variant_trains_on_its_own_targets_at_moved_positions(project):
     """`positions: random` (RandPos, App. M.1): the run computes its own targets inside its directory, on the
     notes of the event targets, with the events moved by its training seed; the event targets stay as they were."""

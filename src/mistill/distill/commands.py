@@ -158,6 +158,7 @@ def cmd_train(args) -> int:
     from mistill.distill import arms
     from mistill.distill import pools as pl
     from mistill.distill.runs import run_dir
+    from mistill.distill.subsets import training_subset
     from mistill.distill.targets import check_teacher, read_note_targets
     from mistill.distill.trainer import Trainer, precision_dtype
     from mistill.io import provenance, read_json
@@ -220,7 +221,7 @@ def cmd_train(args) -> int:
                                pool_seed=int(cfg["pool_seed"] if args.pool_seed is None else args.pool_seed),
                                source=str(hs_path))
     notes = []
-    for note_id in manifest["notes"]:
+    for note_id in training_subset(manifest["notes"], args.n_train):
         meta, arrays = read_note_targets(targets_dir / f"{note_id}.npz")
         notes.append(arms.prepare_note(meta, arrays, student_tok, teacher_tok, arm))
     train_cfg = train_config(cfg["train"], precision, seed, lr=args.lr)
@@ -323,6 +324,8 @@ def register(subparsers) -> None:
     p.add_argument("--positions", choices=POSITION_RULES,
                    help="random: the run's own targets, its events moved with its seed (RandPos, App. M.1)")
     p.add_argument("--k", type=int, help="pool size (default: params distill.pool_k.student)")
+    p.add_argument("--n-train", type=int, help="train on this many of the targets' notes, a subset nested in every "
+                                               "larger one (the learning curve, App. M.5; default: all)")
     p.add_argument("--lr", type=float)
     p.add_argument("--max-steps", type=int, help="stop after this many optimiser steps (resumable)")
     p.add_argument("--variant", help="a variant of the Mistill recipe (params variants.arms): its student, "

@@ -23,7 +23,7 @@ from mistill.errors import UserError
 # what a variant may change of the recipe: `mistill distill train` options of the same names
 # what a variant may change; `arm` names its objective (Mistill unless "vanilla": the Vanilla CoT-KD controls)
 VARIANT_SWITCHES = ("arm", "window", "lambda_p1", "lambda_p2", "lambda_from", "dose", "terms", "heads", "k", "pool_seed",
-                    "positions", "event_weight")
+                    "positions", "event_weight", "n_train")
 VARIANT_IDENTITY = ("student", "seed", "precision")
 POSITION_RULES = ("events", "random")   # where the loss rows sit: the teacher's events, or RandPos (App. M.1)
 
