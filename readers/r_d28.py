@@ -1,15 +1,8 @@
 """R-D28 (App. E, Table 22): the trace edits on the students, Mistill against Vanilla CoT-KD per trained pair.
 
-Reads the own-heads chain's edits (M6/<arm>-s<seed>/<note>/prefix_edit.jsonl, stage (d) of
-`mistill.evaluate.own_heads`): at the student's realised contrastive events of the test notes,
-teacher-forced on the teacher's traces, the most recent earlier mention of the near-miss replaced by
-filler, an unrelated code or a same-chapter code of another category,
-
-    effect_v = margin(identity re-feed) - margin(variant v).
-
-Per arm, seed and note: the mean over the note's events of the mean effect over the three
-replacements (those built: a same-shape code of the kind may not exist; the same in every arm), on the
-events every seed of both arms of a comparison carries.  Treated
+Reads the own-heads chain's edits (`mistill.evaluate.edit_effects`: per arm, seed and note the mean over
+the note's events of the mean effect over the replacements, on the events every seed of both arms of a
+comparison carries).  Treated
 minus control is seed-matched and clustered by note (`mistill.stats.note_clustered_comparison`): the
 mean over notes with its bootstrap interval, notes higher and lower.  The mediated share of the arm's
 own top-2 contrastive heads (mean-ablated at the decision during both reads): the median over events
@@ -25,11 +18,10 @@ import numpy as np
 
 from mistill.errors import UserError
 from mistill.evaluate.compare import clustered
+from mistill.evaluate.edit_effects import arm_edit_dirs, load_rows, per_note_effect, shared_events
 from mistill.evaluate.own_heads import OwnHeadsConfig
-from mistill.instrument.edits import PREFIX_VARIANTS
 from mistill.instrument.read_passes import ReadSide
 from mistill.instrument.readout import run_reader, value
-from mistill.io import read_json, read_jsonl
 from mistill.stats import StatsParams
 
 READER = "readers/r_d28.py"
@@ -49,51 +41,6 @@ def keys(params: dict) -> list[str]:
     out += ["student_top2_mediated_share_mistill_s0"] if "qwen_mistill" in rows else []
     out += [f"{row}_edit_effect" for row in params["evaluate"]["own_heads"].get("arms") or {}]
     return out
-
-
-def arm_edit_dirs(root: Path, label: str) -> dict[int, Path]:
-    """seed -> M6/<label>-s<seed> holding prefix_edit.json."""
-    out = {}
-    for path in (root / "M6").glob(f"{label}-s*"):
-        tail = path.name[len(label) + 2:]
-        if path.name.startswith(f"{label}-s") and tail.isdigit() and (path / "prefix_edit.json").exists():
-            out[int(tail)] = path
-    if not out:
-        raise UserError(f"{root}: no M6/{label}-s<seed>/prefix_edit.json; run the own-heads chain's edits stage")
-    return dict(sorted(out.items()))
-
-
-def load_rows(m6_dir: Path) -> dict[str, list[dict]]:
-    summary = read_json(m6_dir / "prefix_edit.json", "edits summary")
-    return {note: read_jsonl(m6_dir / note / "prefix_edit.jsonl") for note in summary["notes"]}
-
-
-def _complete(row: dict) -> bool:
-    """Read with its identity re-feed and the filler (a code replacement of the same shape may not exist)."""
-    return row["margin_identity"] is not None and row["margin"]["filler"] is not None
-
-
-def event_effect(row: dict) -> float:
-    """The mean effect over the replacements built for the event (the same ones in every arm: they are chosen
-    from the text and the inventory)."""
-    return float(np.mean([row["margin_identity"] - row["margin"][v] for v in PREFIX_VARIANTS
-                          if row["margin"][v] is not None]))
-
-
-def per_note_effect(rows_by_note: dict[str, list[dict]], shared: dict[str, set[int]]) -> dict[str, float]:
-    """note -> the mean over its shared events of the mean effect over the replacements."""
-    out = {}
-    for note, rows in rows_by_note.items():
-        effects = [event_effect(r) for r in rows if r["pos"] in shared.get(note, ()) and _complete(r)]
-        if effects:
-            out[note] = float(np.mean(effects))
-    return out
-
-
-def shared_events(runs: list[dict[str, list[dict]]]) -> dict[str, set[int]]:
-    """note -> positions of the events every run carries, read (`_complete`)."""
-    notes = set.intersection(*(set(r) for r in runs)) if runs else set()
-    return {n: set.intersection(*({r["pos"] for r in run[n] if _complete(r)} for run in runs)) for n in notes}
 
 
 def mediated_share(rows_by_note: dict[str, list[dict]], min_effect: float) -> tuple[float | None, int]:

@@ -1754,3 +1754,134 @@ def test_r_d11_extra_cells_by_hand(tmp_path):
     arms["replicate2"]["window"] = 0   # a replicate changes nothing of the recipe
     with pytest.raises(UserError, match="changing nothing"):
         reader("R-D11").compute_values(params)
+
+
+def test_r_d22_fp32_reselection_by_hand(tmp_path):
+    """The fp32 re-selection on hand-made artifacts: a pick file, the pick's three runs and the transferred-λ runs
+    with answers and own-heads recoveries set by hand; the pick's cells, medians and note-clustered differences
+    against numpy."""
+    from mistill.distill.runs import variant_label, variant_run_dir
+    from tests.chain.test_readers import GOLD, note_f1, write_arm
+
+    params = _variant_params(tmp_path, test_notes=True)
+    params["selection"]["dir"] = str(tmp_path / "DT-select")
+    section, arms = params["evaluate"]["own_heads"], params["variants"]["arms"]
+    rows, bins = section["arms"], section["bins"]
+    k, k8, notes, seeds = max(bins), min(bins), [f"n{i}" for i in range(6)], (0, 1, 2)
+    rng = np.random.default_rng(22)
+    cells = [{"lambda": lam, "micro_f1": f1, "m1_p2c": m1}
+             for lam, f1, m1 in ((0.01, 0.183, 0.80), (0.03, 0.181, 0.79), (0.1, 0.17, 0.78), (0.3, 0.15, 0.7))]
+    write_json(tmp_path / "DT-select" / "picks" / "fp32.json",
+               {"grid": "fp32", "cells": cells, "selected": {"lambda_p1": 0.01, "lambda_p2": 0.01}})
+    pick, vanilla = {**GOLD, "n1": ["A00.0"]}, {**GOLD, "n4": None}
+    m1 = {kind: {"pooled": 0.8, "per_note": {}} for kind in PHASES}
+    rec, where = {}, {}
+    for name, lam in (("fp32pick", 0.01), ("fp32pick1", 0.01), ("fp32pick2", 0.01), ("fp32mistill", 0.1),
+                      ("fp32mistill1", 0.1), ("fp32mistill2", 0.1)):
+        entry = arms[name]
+        label = variant_label(name, entry)
+        write_arm(tmp_path / "variants", label, entry["seed"], pick if lam == 0.01 else GOLD, m1)
+        write_json(variant_run_dir(params["variants"]["dir"], name, entry) / "config.json",
+                   {"arm": {"lambda_p1": lam, "lambda_p2": lam}})
+        where[name] = ((tmp_path / "variants", label), entry["seed"])
+    for row in ("qwen_vanilla_fp32", "qwen_vanilla_bf16", "qwen_mistill"):
+        for seed in seeds:
+            write_arm(tmp_path, rows[row], seed, vanilla if row == "qwen_vanilla_fp32" else GOLD, m1)
+            where[f"{row}-{seed}"] = ((tmp_path, rows[row]), seed)
+    for arm, (place, seed) in where.items():
+        rec[arm] = {("P2C", kk): rng.uniform(0.2, 0.95, len(notes)) for kk in bins}
+        _own_heads_by_hand({arm: place}, seed, notes, {arm: rec[arm]}, {arm: rng.uniform(1, 2, len(notes))}, bins,
+                           "P2C")
+
+    values, _ = reader("R-D22").compute_values(params)
+    _assert_writes_what_it_lists(reader("R-D22"), params, values)
+    unproduced = set(REGISTRY.results["R-D22"].unproduced_keys)
+    assert set(REGISTRY.expected("paper").values["R-D22"]) - unproduced <= set(values)
+    assert not unproduced & set(values)
+    v = {key: x["value"] for key, x in values.items()}
+    assert v["selected_fp32_lambda"] == 0.01 and v["tie_band"] == params["selection"]["grids"]["fp32"]["band"]
+    assert v["val_microf1_lambda001_vs_003"] == [0.183, 0.181] and v["val_lambdas_fp32"] == [0.01, 0.03, 0.1, 0.3]
+    assert v["own_p2c_k40_lambda001"] == pytest.approx(np.median(rec["fp32pick"][("P2C", k)]))
+    assert v["own_p2c_k8_lambda001"] == pytest.approx(np.median(rec["fp32pick"][("P2C", k8)]))
+    against = np.mean([rec["fp32pick"][("P2C", k)] - rec[f"qwen_vanilla_fp32-{s}"][("P2C", k)] for s in seeds], axis=0)
+    assert v["own_p2c_k40_lambda001_vs_fp32_vanilla"] == pytest.approx(against.mean())
+    assert v["lambda001_vs_bf16_mistill_s0_own_p2c"] == pytest.approx(
+        np.mean(rec["fp32pick"][("P2C", k)] - rec["qwen_mistill-0"][("P2C", k)]))
+    for row, key in (("qwen_vanilla_fp32", "transferred_lambda_vs_fp32_vanilla_own_p2c"),
+                     ("qwen_vanilla_bf16", "transferred_lambda_vs_bf16_vanilla_own_p2c")):
+        diff = np.mean([rec[n][("P2C", k)] - rec[f"{row}-{s}"][("P2C", k)]
+                        for n, s in (("fp32mistill", 0), ("fp32mistill1", 1), ("fp32mistill2", 2))], axis=0)
+        assert v[key] == pytest.approx(diff.mean()), key
+    per_note = np.mean([note_f1(pick[n] or [], GOLD[n]) - note_f1(vanilla[n] or [], GOLD[n]) for n in GOLD])
+    assert v["lambda001_vs_vanilla_seeds_per_note"] == pytest.approx([per_note] * 3)
+    assert v["test_microf1_lambda01_seed0"] == 1.0 and v["test_microf1_seed0_lambda001"] < 1.0
+
+    write_json(variant_run_dir(params["variants"]["dir"], "fp32pick1", arms["fp32pick1"]) / "config.json",
+               {"arm": {"lambda_p1": 0.1, "lambda_p2": 0.1}})   # a run that did not train at the pick
+    with pytest.raises(UserError, match="not grid fp32's pick"):
+        reader("R-D22").compute_values(params)
+
+
+def test_r_d30_three_seeds_at_the_fp32_pick_by_hand(tmp_path):
+    """Three fp32 runs at the fp32 pick against fp32 Vanilla CoT-KD, seed i against seed i: recoveries, lifts,
+    answers and trace edits set by hand; the note-clustered means, per-pair means, medians and the corpus
+    difference against numpy."""
+    from mistill.distill.runs import variant_label, variant_run_dir
+    from mistill.evaluate.own_heads import arm_dirs
+    from mistill.evaluate.task import task_metrics
+    from tests.chain.test_readers import GOLD, TRAIN_GOLD, write_arm
+
+    params = _variant_params(tmp_path, test_notes=True)
+    params["selection"]["dir"] = str(tmp_path / "DT-select")
+    section, arms = params["evaluate"]["own_heads"], params["variants"]["arms"]
+    label, bins = section["arms"]["qwen_vanilla_fp32"], section["bins"]
+    k, k8, notes, seeds = max(bins), min(bins), list(GOLD), (0, 1, 2)
+    rng = np.random.default_rng(30)
+    write_json(tmp_path / "DT-select" / "picks" / "fp32.json",
+               {"grid": "fp32", "cells": [], "selected": {"lambda_p1": 0.01, "lambda_p2": 0.01}})
+    preds = {"pick": {**GOLD, "n2": None}, "vanilla": {**GOLD, "n3": ["D00.0"]}}
+    m1 = {kind: {"pooled": 0.8, "per_note": {}} for kind in PHASES}
+    rec, lift, edit, where = {}, {}, {}, {}
+    for seed, name in zip(seeds, ("fp32pick", "fp32pick1", "fp32pick2")):
+        entry = arms[name]
+        write_arm(tmp_path / "variants", variant_label(name, entry), seed, preds["pick"], m1)
+        write_json(variant_run_dir(params["variants"]["dir"], name, entry) / "config.json",
+                   {"arm": {"lambda_p1": 0.01, "lambda_p2": 0.01}})
+        write_arm(tmp_path, label, seed, preds["vanilla"], m1)
+        where[f"pick-{seed}"] = (tmp_path / "variants", variant_label(name, entry))
+        where[f"vanilla-{seed}"] = (tmp_path, label)
+    for arm, place in where.items():
+        seed = int(arm[-1])
+        rec[arm] = {("P2C", kk): rng.uniform(0.2, 0.95, len(notes)) for kk in bins}
+        lift[arm] = rng.uniform(0.5, 3.0, len(notes))
+        edit[arm] = rng.uniform(-0.5, 1.5, len(notes))
+        _own_heads_by_hand({arm: place}, seed, notes, {arm: rec[arm]}, {arm: lift[arm]}, bins, "P2C")
+        m6 = arm_dirs(*place, seed)[1]
+        write_json(m6 / "prefix_edit.json", {"notes": notes})
+        for note, effect in zip(notes, edit[arm]):   # one event, identity margin 2, every replacement 2 - effect
+            write_jsonl(m6 / note / "prefix_edit.jsonl", [{"pos": 7, "margin_identity": 2.0, "margin": {
+                "filler": 2.0 - effect, "unrelated": 2.0 - effect, "other_category": None}}])
+
+    values, _ = reader("R-D30").compute_values(params)
+    _assert_writes_what_it_lists(reader("R-D30"), params, values)
+    unproduced = set(REGISTRY.results["R-D30"].unproduced_keys)
+    assert set(REGISTRY.expected("paper").values["R-D30"]) - unproduced <= set(values)
+    v = {key: x["value"] for key, x in values.items()}
+
+    def diff(table, key=None):
+        return np.mean([(table[f"pick-{s}"] if key is None else table[f"pick-{s}"][key])
+                        - (table[f"vanilla-{s}"] if key is None else table[f"vanilla-{s}"][key]) for s in seeds], axis=0)
+
+    assert v["own_p2c_k40_mistill_minus_fp32_vanilla"] == pytest.approx(diff(rec, ("P2C", k)).mean())
+    assert v["own_p2c_k40_higher_notes"] == int((diff(rec, ("P2C", k)) > 0).sum())
+    assert v["own_p2c_k8_diff"] == pytest.approx(diff(rec, ("P2C", k8)).mean())
+    assert v["m2_lift_diff"] == pytest.approx(diff(lift).mean())
+    assert v["prefix_edit_diff"] == pytest.approx(diff(edit).mean())
+    assert v["own_p2c_k40_pair_diffs"] == pytest.approx(
+        [np.mean(rec[f"pick-{s}"][("P2C", k)] - rec[f"vanilla-{s}"][("P2C", k)]) for s in seeds])
+    assert v["mistill_fp32_l001_seed_medians"] == pytest.approx([np.median(rec[f"pick-{s}"][("P2C", k)]) for s in seeds])
+    f1 = {arm: task_metrics([p[n] or [] for n in GOLD], [GOLD[n] for n in GOLD], [p[n] is not None for n in GOLD],
+                            TRAIN_GOLD)["micro_f1"] for arm, p in preds.items()}
+    assert v["three_seed_microf1_mistill_vs_vanilla"] == pytest.approx([f1["pick"], f1["vanilla"]])
+    assert v["corpus_microf1_diff"] == pytest.approx(f1["pick"] - f1["vanilla"])
+    assert v["fp32_lambda"] == 0.01

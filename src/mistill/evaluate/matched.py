@@ -27,7 +27,9 @@ from mistill.evaluate.readout import ArmSeed
 from mistill.evaluate.variants import VariantReadout
 
 FAMILIES = {"mistill": ("mistillpick", "mistillpick1", "mistillpick2"),
-            "randheads": ("randheadspick", "randheadspick1", "randheadspick2")}
+            "randheads": ("randheadspick", "randheadspick1", "randheadspick2"),
+            # the fp32 re-selection (App. I.4; R-D22, R-D30): Mistill with fp32 master weights at its own pick
+            "fp32": ("fp32pick", "fp32pick1", "fp32pick2")}
 # what the two grids must share for one protocol: the rule and the line it selects on
 SHARED = ("student", "seed", "precision", "lambdas", "band", "extend")
 
