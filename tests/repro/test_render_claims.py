@@ -48,7 +48,7 @@ def test_strict_passes_when_every_claimed_number_is_present(registry, demo_resul
     report = render(registry, demo_results, tmp_path / "build", strict=True)
     assert report.claimed == set()
     shown = report.shown_missing()
-    assert "R-C3.knockin_top40_p1" in shown and "R-D30.mistill_fp32_l001_seed_medians[0]" in shown
+    assert "R-C3.knockin_top40_p1" in shown and "R-D30.owntrace_k40_diff" in shown
     # the demo trains the paper's three seeds: its per-seed cells show every one
     assert not any(label.startswith("R-D6.smollm_fp32_vanilla_own_p2c_seeds") for label in shown)
     assert report.summary() == (f"profile demo: ?? for {len(shown)} number(s), 0 of them claimed by the profile, "
@@ -123,13 +123,13 @@ def test_rows_name_the_profiles_own_models(registry, demo_results, tmp_path, mon
 
 
 def test_table3_shows_every_row_the_demo_computed(registry, tmp_path):
-    """After `dvc repro R-D6` (the committed numbers files), Table 3 has no ?? in a row the demo trains: the λ arm it
-    does not train (R-D30) is the only gap."""
+    """After `dvc repro R-D6` (the committed numbers files), Table 3 has no ?? in a row the demo trains, the fp32 arms
+    at both lambdas (R-D17, R-D30) included."""
     render(registry, REPO / "results", tmp_path / "build", strict=True)
     rows = [line for line in (tmp_path / "build" / "tables" / "table3.md").read_text().splitlines()
             if line.startswith("| ") and not line.startswith("| ***") and not line.startswith("| Arm")]
     gaps = [line.split(" | ")[0][2:] for line in rows if MISSING in line]
-    assert gaps == ["Mistill (fp32, fp32-selected lambda), seeds"]
+    assert gaps == []
     assert len(rows) == 12
     mistill = next(line for line in rows if line.startswith("| Mistill, seeds"))
     numbers = json.loads((REPO / "results" / "R-D6.json").read_text())["values"]
