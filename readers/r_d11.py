@@ -61,6 +61,14 @@ def checked(params: dict, name: str, student: str, changes: set[str]) -> Variant
     return read
 
 
+def m1_by_phase(read: VariantReadout, what: str, reference: str) -> dict:
+    """M1 of the variant at P1, P2 and P2C, Mistill's at its seed named in the statistic."""
+    return value([read.m1("variant", p) for p in PHASES],
+                 f"M1 at {', '.join(PHASES)}, {what}; {reference}: "
+                 + ", ".join(f"{read.m1('mistill', p):.3f}" for p in PHASES),
+                 f"{read.evaluation('variant').path}/m1.json")
+
+
 def las(run: ArmSeed) -> float:
     measured = las_of(run)
     if measured is None:
@@ -84,10 +92,7 @@ def compute_values(params: dict) -> tuple[dict, list[Path]]:
     v["qwen_lambda_p1_003_microf1"] = value(light.micro_f1("variant"), f"corpus micro-F1 on the test notes, {what}",
                                             f"{light.evaluation('variant').path}/task.json")
     v.update(light.f1_versus_values("qwen_lambda_p1_003_vs_mistill", f"{what} minus Mistill at the pick", "mistill"))
-    v["qwen_lambda_p1_003_m1_p1_p2_p2c"] = value([light.m1("variant", p) for p in PHASES],
-                                                 f"M1 at {', '.join(PHASES)}, {what}; Mistill at the pick: "
-                                                 + ", ".join(f"{light.m1('mistill', p):.3f}" for p in PHASES),
-                                                 f"{light.evaluation('variant').path}/m1.json")
+    v["qwen_lambda_p1_003_m1_p1_p2_p2c"] = m1_by_phase(light, what, "Mistill at the pick")
 
     # -- the same-seed replicate ----------------------------------------------------------------------
     rep = checked(params, "replicate2", "qwen", set())
@@ -131,11 +136,8 @@ def compute_values(params: dict) -> tuple[dict, list[Path]]:
     v["smollm_attn_only_vs_both_terms_s0"] = value(h, f"test notes on which the attention term alone is higher than "
                                                    f"both terms (SmolLM3 Mistill, seed {attn.seed}, per-note F1); {lo} "
                                                    f"lower, exact sign test p {p:.3g}", f"{alone.path} vs {both.path}")
-    v["smollm_attn_only_m1_p1_p2_p2c"] = value([attn.m1("variant", p) for p in PHASES],
-                                               f"M1 at {', '.join(PHASES)}, SmolLM3 with the attention term alone, seed "
-                                               f"{attn.seed}; both terms: "
-                                               + ", ".join(f"{attn.m1('mistill', p):.3f}" for p in PHASES),
-                                               f"{alone.path}/m1.json")
+    v["smollm_attn_only_m1_p1_p2_p2c"] = m1_by_phase(attn, f"SmolLM3 with the attention term alone, seed {attn.seed}",
+                                                     "both terms")
     v["smollm_attn_only_las"] = value(las(alone), f"LAS, SmolLM3 with the attention term alone, seed {attn.seed}; "
                                       f"both terms: {las(both):.3f}", las_path(alone))
     inputs = [Path(params["evaluate"]["test_notes"]), las_path(replicate), las_path(original), las_path(alone),
