@@ -10,7 +10,11 @@ R-D22 reads seed 0 as the selection record) against fp32 Vanilla CoT-KD, seed i 
 * the task: corpus micro-F1 over the three seed pairs (notes resampled, `seed_matched_corpus_bootstrap_difference`),
   the three-seed means, and the per-note F1 difference with the seeds averaged per note;
 * the trace edits (App. E, `mistill.evaluate.edit_effects`): the per-note mean effect of the replacements on the
-  events every run of both arms carries, note-clustered.
+  events every run of both arms carries, note-clustered;
+* the students' own completed generations (App. L.4, stage OWN-variant beside R-D29's OWN-vanilla): each seed
+  pair read on the notes both of its own-trace runs carry, the available pair differences averaged per note
+  (`mistill.evaluate.available_pairs`), and each run's own-trace mean beside its teacher-forced mean on the same
+  notes.
 """
 
 from __future__ import annotations
@@ -19,9 +23,11 @@ import statistics
 from pathlib import Path
 
 from mistill.errors import UserError
+from mistill.evaluate.available_pairs import available_pair_comparison
 from mistill.evaluate.compare import arm_values, clustered, seed_dirs, seed_medians
 from mistill.evaluate.edit_effects import load_rows, per_note_effect, shared_events
 from mistill.evaluate.matched import Family
+from mistill.evaluate.own_trace_readout import OwnTraceArm, own_trace_root
 from mistill.evaluate.readout import (
     arm_labels,
     load_arms,
@@ -43,8 +49,11 @@ def keys(params: dict) -> list[str]:
             "own_p2c_k40_pair_intervals", "mistill_fp32_l001_seed_medians", "three_seed_microf1_mistill_vs_vanilla",
             "per_note_microf1_diff",
             # registry extra_keys
+            "owntrace_k40_diff", "owntrace_k8_diff", "owntrace_seed_values_vs_tf",
+            # registry extra_keys
             "own_p2c_k40_mistill_minus_fp32_vanilla_interval", "corpus_microf1_diff_interval", "own_p2c_k8_diff_interval",
-            "m2_lift_diff_interval", "prefix_edit_diff_interval", "per_note_microf1_diff_interval", "fp32_lambda"]
+            "m2_lift_diff_interval", "prefix_edit_diff_interval", "per_note_microf1_diff_interval", "fp32_lambda",
+            "owntrace_k40_diff_interval", "owntrace_coverage_seeds"]
 
 
 def compute_values(params: dict) -> tuple[dict, list[Path]]:
@@ -126,6 +135,39 @@ def compute_values(params: dict) -> tuple[dict, list[Path]]:
     paired("prefix_edit_diff", {s: per_note_effect(r, shared) for s, r in mine_edits.items()},
            {s: per_note_effect(r, shared) for s, r in ref_edits.items()},
            "nats of the mean trace-edit effect on the events every run carries")
+    # -- the own completed generations (App. L.4) --------------------------------------------------------
+    variants_dir = Path(params["variants"]["dir"])
+    own = {s: OwnTraceArm(fp32.runs[s].arms["variant"][1], variants_dir, own_trace_root(variants_dir),
+                          first.cfg.min_range) for s in seeds}
+    ref_own = OwnTraceArm(label, root, own_trace_root(root), first.cfg.min_range)
+    missing = [s for s in seeds if s not in own[s].seeds or s not in ref_own.seeds]
+    if missing:
+        raise UserError(f"{own_trace_root(variants_dir)}/M6, {own_trace_root(root)}/M6: seed {missing[0]} has no "
+                        "own-trace readout; run the OWN-variant and OWN-vanilla stages")
+    own_art = f"{own_trace_root(variants_dir)}/M6 vs {ref_own.where()}"
+    for kk, key in ((k, "owntrace_k40_diff"), (k8, "owntrace_k8_diff")):
+        c = available_pair_comparison({s: own[s].values(kk)[s] for s in seeds},
+                                      {s: ref_own.values(kk)[s] for s in seeds}, stats)
+        if c is None:
+            raise UserError(f"{own_art}: no seed pair shares an own-trace note at k {kk}")
+        pairs = ", ".join(str(p["n_notes"]) for p in c["seed_pairs"])
+        v[key] = value(c["mean_difference"], f"{who}, own top-{kk} P2C recovery on own traces: mean over the "
+                       f"{c['n_notes']} notes with at least one pair of the per-note mean of the available pair "
+                       f"differences; common notes per pair {pairs}", own_art)
+        if kk == k:
+            v[f"{key}_interval"] = value([c["ci_low"], c["ci_high"]], f"{c['confidence']:.0%} note-bootstrap interval "
+                                         "of that mean", own_art)
+    changes = {s: own[s].change(s, k) for s in seeds}
+    if any(c is None for c in changes.values()):
+        raise UserError(f"{own_trace_root(variants_dir)}/M6: a seed has no note with both an own-trace and a "
+                        "teacher-forced value")
+    v["owntrace_seed_values_vs_tf"] = value([changes[s].own for s in seeds] + [changes[s].forced for s in seeds],
+                                            f"mean over notes of the own top-{k} P2C recovery on own traces, seeds "
+                                            f"{seeds}, then teacher-forced on the same notes, fp32 Mistill at the fp32 "
+                                            "pick", own_art)
+    v["owntrace_coverage_seeds"] = value([changes[s].n for s in seeds], "test notes with both an own-trace and a "
+                                         f"teacher-forced value, per seed {seeds}", own_art)
+    inputs += [p for arm in (*own.values(), ref_own) for p in arm.inputs()]
     inputs += [*fp32.inputs, *(p for r in runs.values() for p in r.files()),
                *(p for r in vanilla.values() for p in r.files())]
     return v, sorted(set(inputs))

@@ -1862,6 +1862,15 @@ def test_r_d30_three_seeds_at_the_fp32_pick_by_hand(tmp_path):
             write_jsonl(m6 / note / "prefix_edit.jsonl", [{"pos": 7, "margin_identity": 2.0, "margin": {
                 "filler": 2.0 - effect, "unrelated": 2.0 - effect, "other_category": None}}])
 
+    # own completed generations: a seeded subset of the notes per run, top and random cells
+    from tests.chain.test_own_trace_readers import write_cells
+
+    own = {}
+    for arm, (root, lab) in where.items():
+        kept = sorted(rng.choice(notes, size=max(2, len(notes) - 2), replace=False))
+        own[arm] = {n: {(s, kk): float(rng.uniform(0.2, 0.95)) for s in ("top", "random") for kk in bins} for n in kept}
+        write_cells(root / "own-trace" / "M6" / f"{lab}-s{arm[-1]}", own[arm], bins)
+
     values, _ = reader("R-D30").compute_values(params)
     _assert_writes_what_it_lists(reader("R-D30"), params, values)
     unproduced = set(REGISTRY.results["R-D30"].unproduced_keys)
@@ -1885,3 +1894,14 @@ def test_r_d30_three_seeds_at_the_fp32_pick_by_hand(tmp_path):
     assert v["three_seed_microf1_mistill_vs_vanilla"] == pytest.approx([f1["pick"], f1["vanilla"]])
     assert v["corpus_microf1_diff"] == pytest.approx(f1["pick"] - f1["vanilla"])
     assert v["fp32_lambda"] == 0.01
+    for kk, key in ((k, "owntrace_k40_diff"), (k8, "owntrace_k8_diff")):
+        per_note = {}
+        for s in seeds:
+            mine, theirs = own[f"pick-{s}"], own[f"vanilla-{s}"]
+            for n in set(mine) & set(theirs):
+                per_note.setdefault(n, []).append(mine[n][("top", kk)] - theirs[n][("top", kk)])
+        assert v[key] == pytest.approx(np.mean([np.mean(d) for d in per_note.values()]))
+    index = {n: i for i, n in enumerate(notes)}
+    assert v["owntrace_seed_values_vs_tf"] == pytest.approx(
+        [np.mean([c[("top", k)] for c in own[f"pick-{s}"].values()]) for s in seeds]
+        + [np.mean([rec[f"pick-{s}"][("P2C", k)][index[n]] for n in own[f"pick-{s}"]]) for s in seeds])

@@ -1,4 +1,4 @@
-"""`mistill evaluate own-heads | compare` (App. K M4/M2/M3, App. L; R-D6).
+"""`mistill evaluate own-heads | own-traces | compare` (App. K M4/M2/M3, App. L; R-D6, R-D29).
 
 Hooked into `mistill evaluate` by `mistill.evaluate.commands.register`:
 
@@ -33,6 +33,24 @@ def cmd_own_heads(args) -> int:
     timing = run_chain(args.model, args.arm, int(args.seed), params, stages=stages, student_key=args.student,
                        limit=args.limit, force=args.force, out_root=args.out_root, heads_from=args.heads_from)
     print("own-heads " + f"{args.arm}-s{args.seed}: " + " ".join(f"{k}={v:.1f}s" for k, v in timing.items()))
+    return 0
+
+
+def cmd_own_traces(args) -> int:
+    from mistill.evaluate.own_heads import arm_dirs
+    from mistill.evaluate.own_traces import run_own_traces
+    from mistill.models.loading import set_threads
+
+    params = _params()
+    set_threads(params["models"], args.threads)
+    artifacts = (params.get("paths") or {}).get("artifacts", "artifacts")
+    heads_from = args.heads_from or arm_dirs(artifacts, args.arm, int(args.seed))[0]
+    root = args.out_root or str(Path(artifacts) / "own-trace")
+    coverage = run_own_traces(args.model, args.arm, int(args.seed), params, generations=args.generations,
+                              heads_from=heads_from, root=root, student_key=args.student, limit=args.limit,
+                              force=args.force)
+    print(f"own traces {args.arm}-s{args.seed}: {coverage['completed']} of {coverage['generated']} generations "
+          f"completed, {coverage['with_events']} with events -> {root}")
     return 0
 
 
@@ -77,6 +95,20 @@ def register(subparsers) -> None:
     p.add_argument("--heads-from", help="an HD-S/<arm>-s<seed> directory whose ranking the knock-in and read side "
                                         "use (no attribution pre-pass)")
     p.set_defaults(func=cmd_own_heads, sharded=True)   # params compute.gpus_per_pass processes (mistill.shard)
+
+    p = subparsers.add_parser("own-traces", help="one arm's own-heads knock-in on its own completed test "
+                                                 "generations (App. L.4)")
+    p.add_argument("--model", required=True, help="the arm's checkpoint (e.g. artifacts/DT-001/<run>/model)")
+    p.add_argument("--arm", required=True, help="arm label, as its own-heads chain names it")
+    p.add_argument("--seed", type=int, default=0, help="the arm's training seed")
+    p.add_argument("--student", help="params models key (student_qwen, student_smol) for its rope scaling")
+    p.add_argument("--generations", required=True, help="the arm's test generations (DT-eval/<run>/generations.jsonl)")
+    p.add_argument("--heads-from", help="the arm's HD-S directory (default: <artifacts>/HD-S/<arm>-s<seed>)")
+    p.add_argument("--out-root", help="runs/ and M6/ go under it (default: <artifacts>/own-trace)")
+    p.add_argument("--limit", type=int, help="only the first N completed generations (smoke runs)")
+    p.add_argument("--force", action="store_true", help="recompute per-note artifacts that are already valid")
+    p.add_argument("--threads", type=int, help="intra-op threads (default: params models.threads)")
+    p.set_defaults(func=cmd_own_traces)
 
     p = subparsers.add_parser("compare", help="two arms' own-heads readouts, seed-matched and note-clustered")
     p.add_argument("--arm", required=True, help="arm label, e.g. student-qwen-mistill-bf16")
