@@ -47,13 +47,15 @@ def keys(params: dict) -> list[str]:
 
 
 def compute_values(params: dict) -> tuple[dict, list[Path]]:
+    """Every key whose notes exist: a cell with no note carrying it (an arm whose own traces leave no measurable
+    event) is left out, and the check reports it as not reproduced."""
     cfg = OwnHeadsConfig.from_params(params)
     k, k8 = max(cfg.bins), min(cfg.bins)
     stats = StatsParams.from_params(params)
     artifacts = Path(cfg.artifacts)
     arms = {row: OwnTraceArm(label, artifacts, own_trace_root(artifacts), cfg.min_range)
             for row, label in arm_labels(params).items()}
-    first_two = training_seeds(params)[:2]
+    first_two, s0 = training_seeds(params)[:2], training_seeds(params)[0]
     v: dict[str, dict] = {}
     inputs: list[Path] = []
     for row, arm in arms.items():
@@ -61,90 +63,87 @@ def compute_values(params: dict) -> tuple[dict, list[Path]]:
             raise UserError(f"{arm.where()}: no own-trace readout of {arm.label}; run its OWN stage")
         inputs += arm.inputs()
 
-    # -- Table 49's rows ------------------------------------------------------------------------------------
-    for row, arm in arms.items():
-        seeds, own, forced = arm.seeds, arm.where(), arm.where(forced=True)
-        changes = {kk: {s: arm.change(s, kk) for s in seeds} for kk in (k, k8)}
-        per_seed = f"per seed {seeds}"
-        v[f"{row}_owntrace_p2c_k40_seeds"] = value(
-            [arm.mean(s, k) for s in seeds], f"mean over notes of the own top-{k} P2C recovery on the arm's own "
-            f"completed traces, {per_seed}", own)
-        v[f"{row}_owntrace_random_p2c_k40_seeds"] = value(
-            [arm.mean(s, k, "random") for s in seeds], f"mean over notes of the P2C recovery of count-matched random "
-            f"{k}-head sets on the own traces, {per_seed}", own)
-        v[f"{row}_owntrace_p2c_k8_seeds"] = value(
-            [arm.mean(s, k8) for s in seeds], f"the same for the own top-{k8}, {per_seed}", own)
-        for kk, key in ((k, "forced_p2c_k40_same_notes"), (k8, "forced_p2c_k8_same_notes")):
-            v[f"{row}_{key}_seeds"] = value(
-                [c.forced if c else None for c in changes[kk].values()], f"mean of the teacher-forced own top-{kk} P2C "
-                f"recovery on the notes with an own-trace value, {per_seed}", f"{forced} vs {own}")
-        v[f"{row}_owntrace_coverage_seeds"] = value(
-            [arm.measurable(s, k) for s in seeds], f"test notes with a measurable own-trace P2C recovery at k {k}, "
-            f"{per_seed}", own)
-        v[f"{row}_completed_seeds"] = value(
-            [arm.completed(s) for s in seeds], f"test generations whose reasoning block closes before the cap, of "
-            f"{arm.generated(seeds[0])}, {per_seed}", own)
+    def put(key: str, x, statistic: str, artifact: str) -> None:
+        if x is not None and not (isinstance(x, list) and any(e is None for e in x)):
+            v[key] = value(x, statistic, artifact)
 
     def change(row: str, seed: int, kk: int = k):
-        c = arms[row].change(seed, kk)
-        if c is None:
-            raise UserError(f"{arms[row].where()}: seed {seed} has no note with both an own-trace and a teacher-forced "
-                            f"value at k {kk}")
-        return c
+        return arms[row].change(seed, kk) if seed in arms[row].seeds else None
 
     def change_text(row: str, seed: int, kk: int = k) -> str:
         c = change(row, seed, kk)
         return (f"mean over {c.n} notes of own-trace minus teacher-forced own top-{kk} P2C recovery, "
                 f"{arms[row].label} seed {seed}, {c.higher} higher")
 
+    # -- Table 49's rows ------------------------------------------------------------------------------------
+    for row, arm in arms.items():
+        seeds, own, forced = arm.seeds, arm.where(), arm.where(forced=True)
+        per_seed = f"per seed {seeds}"
+        put(f"{row}_owntrace_p2c_k40_seeds", [arm.mean(s, k) for s in seeds], f"mean over notes of the own top-{k} "
+            f"P2C recovery on the arm's own completed traces, {per_seed}", own)
+        put(f"{row}_owntrace_random_p2c_k40_seeds", [arm.mean(s, k, "random") for s in seeds], f"mean over notes of "
+            f"the P2C recovery of count-matched random {k}-head sets on the own traces, {per_seed}", own)
+        put(f"{row}_owntrace_p2c_k8_seeds", [arm.mean(s, k8) for s in seeds], f"the same for the own top-{k8}, "
+            f"{per_seed}", own)
+        for kk, key in ((k, "forced_p2c_k40_same_notes"), (k8, "forced_p2c_k8_same_notes")):
+            cells = [change(row, s, kk) for s in seeds]
+            put(f"{row}_{key}_seeds", [c.forced if c else None for c in cells], f"mean of the teacher-forced own "
+                f"top-{kk} P2C recovery on the notes with an own-trace value, {per_seed}", f"{forced} vs {own}")
+        put(f"{row}_owntrace_coverage_seeds", [arm.measurable(s, k) for s in seeds], f"test notes with a measurable "
+            f"own-trace P2C recovery at k {k}, {per_seed}", own)
+        put(f"{row}_completed_seeds", [arm.completed(s) for s in seeds], f"test generations whose reasoning block "
+            f"closes before the cap, of {arm.generated(seeds[0])}, {per_seed}", own)
+
     # -- the Qwen student ----------------------------------------------------------------------------------
-    mistill, s0 = arms["qwen_mistill"], training_seeds(params)[0]
+    mistill = arms["qwen_mistill"]
     c = change("qwen_mistill", s0)
-    v["mistill_s0_owntrace_p2c_k40"] = value(c.own, f"mean over the {c.n} notes with both values of the own top-{k} "
-                                             f"P2C recovery on the own traces, Mistill seed {s0}", mistill.where())
-    v["mistill_s0_forced_p2c_k40_same_notes"] = value(c.forced, f"the teacher-forced value on those {c.n} notes",
-                                                      mistill.where(forced=True))
+    if c is not None:
+        put("mistill_s0_owntrace_p2c_k40", c.own, f"mean over the {c.n} notes with both values of the own top-{k} "
+            f"P2C recovery on the own traces, Mistill seed {s0}", mistill.where())
+        put("mistill_s0_forced_p2c_k40_same_notes", c.forced, f"the teacher-forced value on those {c.n} notes",
+            mistill.where(forced=True))
     for tag in ("bf16", "fp32"):
         ref = arms[f"qwen_vanilla_{tag}"]
         art = f"{mistill.where()} vs {ref.where()}"
         for kk, suffix in ((k, "k40"), (k8, "k8")):
             cmp = available_pair_comparison(mistill.values(kk), ref.values(kk), stats)
             if cmp is None:
-                raise UserError(f"{art}: no seed pair shares a note with own-trace values at k {kk}")
+                continue
             key = f"mistill_minus_{tag}_vanilla_owntrace_{suffix}"
             pairs = ", ".join(f"{p['n_notes']}" for p in cmp["seed_pairs"])
-            v[key] = value(cmp["mean_difference"], f"Mistill minus {tag} Vanilla CoT-KD, own top-{kk} P2C recovery "
-                           f"on own traces: {cmp['statistic']}; common notes per pair {pairs}; "
-                           f"{cmp['notes_higher']} higher of {cmp['n_notes']}", art)
+            put(key, cmp["mean_difference"], f"Mistill minus {tag} Vanilla CoT-KD, own top-{kk} P2C recovery on own "
+                f"traces: {cmp['statistic']}; common notes per pair {pairs}; {cmp['notes_higher']} higher of "
+                f"{cmp['n_notes']}", art)
             if kk == k:
-                v[f"{key}_interval"] = value([cmp["ci_low"], cmp["ci_high"]], f"{cmp['confidence']:.0%} note-bootstrap "
-                                             "interval of that mean", art)
+                put(f"{key}_interval", [cmp["ci_low"], cmp["ci_high"]], f"{cmp['confidence']:.0%} note-bootstrap "
+                    "interval of that mean", art)
                 if tag == "bf16":
-                    v[f"{key}_higher_notes"] = value(cmp["notes_higher"], f"notes with a positive per-note mean "
-                                                     f"difference, of {cmp['n_notes']}", art)
+                    put(f"{key}_higher_notes", cmp["notes_higher"], f"notes with a positive per-note mean "
+                        f"difference, of {cmp['n_notes']}", art)
     trained = [(row, s) for row in ("qwen_mistill", "qwen_vanilla_bf16", "qwen_vanilla_fp32")
-               for s in arms[row].seeds if arms[row].change(s, k)]
-    row, seed = max(trained, key=lambda rs: abs(arms[rs[0]].change(rs[1], k).mean))
-    v["qwen_largest_owntrace_change_k40"] = value(change(row, seed).mean, "the largest in size over trained Qwen "
-                                                  f"arms and seeds: {change_text(row, seed)}", arms[row].where())
+               for s in arms[row].seeds if change(row, s)]
+    if trained:
+        row, seed = max(trained, key=lambda rs: abs(change(*rs).mean))
+        put("qwen_largest_owntrace_change_k40", change(row, seed).mean, "the largest in size over trained Qwen arms "
+            f"and seeds: {change_text(row, seed)}", arms[row].where())
     untrained = arms["qwen_untrained"]
-    v["untrained_qwen_owntrace_change"] = value(change("qwen_untrained", untrained.seeds[0]).mean,
-                                                change_text("qwen_untrained", untrained.seeds[0]), untrained.where())
+    if change("qwen_untrained", untrained.seeds[0]):
+        put("untrained_qwen_owntrace_change", change("qwen_untrained", untrained.seeds[0]).mean,
+            change_text("qwen_untrained", untrained.seeds[0]), untrained.where())
     for family in ("qwen", "smollm"):
         counts = [arms[row].measurable(s, k) for row in arms if row.startswith(f"{family}_") for s in arms[row].seeds]
-        v[f"{family}_owntrace_coverage"] = value([min(counts), max(counts)], "fewest and most test notes with a "
-                                                 f"measurable own-trace P2C recovery over the {family} arms and seeds",
-                                                 f"{artifacts}/own-trace/M6")
+        put(f"{family}_owntrace_coverage", [min(counts), max(counts)], "fewest and most test notes with a measurable "
+            f"own-trace P2C recovery over the {family} arms and seeds", f"{artifacts}/own-trace/M6")
 
     # -- the SmolLM3 student ------------------------------------------------------------------------------
     smol, smol_v = arms["smollm_mistill"], arms["smollm_vanilla_fp32"]
-    v["smollm_mistill_owntrace_change"] = value(
-        [change("smollm_mistill", s).mean for s in first_two],
-        "; ".join(change_text("smollm_mistill", s) for s in first_two), smol.where())
-    v["smollm_fp32_vanilla_owntrace_change"] = value(change("smollm_vanilla_fp32", s0).mean,
-                                                     change_text("smollm_vanilla_fp32", s0), smol_v.where())
-    v["smollm_owntrace_mistill_vs_vanilla"] = value(
-        [arm.mean(s, k) for arm in (smol, smol_v) for s in first_two],
+    if all(change("smollm_mistill", s) for s in first_two):
+        put("smollm_mistill_owntrace_change", [change("smollm_mistill", s).mean for s in first_two],
+            "; ".join(change_text("smollm_mistill", s) for s in first_two), smol.where())
+    if change("smollm_vanilla_fp32", s0):
+        put("smollm_fp32_vanilla_owntrace_change", change("smollm_vanilla_fp32", s0).mean,
+            change_text("smollm_vanilla_fp32", s0), smol_v.where())
+    put("smollm_owntrace_mistill_vs_vanilla", [arm.mean(s, k) for arm in (smol, smol_v) for s in first_two],
         f"mean over notes of the own top-{k} P2C recovery on own traces: Mistill seeds {first_two}, then fp32 Vanilla "
         f"CoT-KD seeds {first_two}; notes {[arm.measurable(s, k) for arm in (smol, smol_v) for s in first_two]}",
         f"{smol.where()} vs {smol_v.where()}")

@@ -1,7 +1,7 @@
 """R-D36 (App. L.4, Table 49): the third SmolLM3 Mistill seed on its own completed generations.
 
 A descriptive within-arm comparison (no seed-matched Vanilla CoT-KD counterpart), conditional on completion and
-measurable events: of the arm's test generations, how many complete and how many carry a measurable P2C
+measurable events (with none, only the coverage is written): of the arm's test generations, how many complete and how many carry a measurable P2C
 recovery; on those notes, the mean own-trace recovery of the arm's own top-k (the largest and smallest k of
 evaluate.own_heads.bins, the paper's 40 and 8) against the teacher-forced value on the same notes, and their paired
 change.  The seed is the profile's third training seed (params distill.seeds), the one R-D29's SmolLM3 keys leave
@@ -47,9 +47,9 @@ def compute_values(params: dict) -> tuple[dict, list[Path]]:
          "measurable_traces": value(arm.measurable(seed, k), f"completed traces with a measurable P2C recovery at k "
                                     f"{k}, {who}", own)}
     changes = {kk: arm.change(seed, kk) for kk in (k, k8)}
-    if changes[k] is None:
-        raise UserError(f"{both}: no note of seed {seed} carries both an own-trace and a teacher-forced value")
     c = changes[k]
+    if c is None:   # no completed trace with a measurable event: the coverage is the whole result
+        return v, sorted(set(arm.inputs()))
     v["owntrace_p2c_k40"] = value(c.own, f"mean over the {c.n} notes with both values of the own top-{k} P2C recovery "
                                   f"on the own traces, {who}", own)
     v["teacher_forced_p2c_k40_same_notes"] = value(c.forced, f"mean of the teacher-forced value on those {c.n} notes, "

@@ -87,6 +87,10 @@ def test_every_arm_trains_and_is_evaluated_at_seeds_0_1_2(rehearsed):
                     for kind in ("task.json", "fidelity.json", "m1.json"):
                         assert (root / "DT-eval" / label / kind).exists(), (label, kind)
                     assert any((root / "M6" / label).iterdir()), label
+                    # the own-trace readout (App. L.4): the arm's completed generations, its events, its knock-in
+                    coverage = json.loads((root / "own-trace" / "runs" / label / "coverage.json").read_text())
+                    assert coverage["generated"] > 0 and coverage["with_events"] <= coverage["completed"], label
+                    assert (root / "own-trace" / "M6" / label / "faithfulness2.json").exists(), label
         assert (root / "DT-eval" / f"student-{student}-untrained-s0" / "task.json").exists()
         assert any((root / "M6" / f"student-{student}-untrained-s0").iterdir())
 

@@ -35,13 +35,13 @@ def md_row(text, label):
 def test_the_demo_claims_its_demo_results_and_their_demo_keys(registry):
     claims = claimed_numbers(registry, "demo")
     assert sorted(claims) == ["R-C1", "R-C10", "R-C11", "R-C12", "R-C13", "R-C14", "R-C2", "R-C3", "R-C4", "R-C5", "R-C6", "R-C7", "R-C8",
-                              "R-C9", "R-D0", "R-D1", "R-D10", "R-D11", "R-D12", "R-D13", "R-D14", "R-D15", "R-D16", "R-D17", "R-D18", "R-D19", "R-D2", "R-D20", "R-D21", "R-D22", "R-D23", "R-D24", "R-D25", "R-D26", "R-D27", "R-D28", "R-D3", "R-D30", "R-D31", "R-D32", "R-D33", "R-D34",
-                              "R-D35", "R-D4", "R-D5",
+                              "R-C9", "R-D0", "R-D1", "R-D10", "R-D11", "R-D12", "R-D13", "R-D14", "R-D15", "R-D16", "R-D17", "R-D18", "R-D19", "R-D2", "R-D20", "R-D21", "R-D22", "R-D23", "R-D24", "R-D25", "R-D26", "R-D27", "R-D28", "R-D29", "R-D3", "R-D30", "R-D31", "R-D32", "R-D33", "R-D34",
+                              "R-D35", "R-D36", "R-D4", "R-D5",
                               "R-D6", "R-D7", "R-D8", "R-D9"]
     assert list(claims["R-C3"]) == list(registry.expected("demo").values["R-C3"])
     assert "knockin_top40_p1" not in claims["R-C3"]          # a paper-only key of a demo result
     paper = claimed_numbers(registry, "paper")
-    assert "R-C9" in paper and "R-D29" not in paper           # status paper is claimed, planned is not
+    assert "R-C9" in paper and "R-C15" in paper and "R-C15" not in claims   # status paper: claimed by paper only
 
 
 def test_strict_passes_when_every_claimed_number_is_present(registry, demo_results, tmp_path):
@@ -93,9 +93,9 @@ def test_cli_strict_passes_and_prints_the_summary_then_fails_naming_r_c2(demo_re
     out, err = capsys.readouterr()
     assert "0 of them claimed by the profile" in err and "?? for" not in err.split("profile demo:")[0]
     templates = len(list((TEMPLATES / "tables").glob("table*.j2")))
-    assert templates == 45                    # Tables 1-11, 13-27, 29-33, 35, 38, 39, 41, 43-46, 51-55, K sweep
+    assert templates == 46                    # Tables 1-11, 13-27, 29-33, 35, 38, 39, 41, 43-46, 49, 51-55, K sweep
     assert out.startswith(f"wrote {2 * templates + 1} files under")   # each as .tex and .md, and macros.tex
-    assert "tables: 44 of the paper's 59 captioned tables have a template (45 templates in all)" in err
+    assert "tables: 45 of the paper's 59 captioned tables have a template (46 templates in all)" in err
     (demo_results / "R-C2.json").unlink()
     assert main(args) == 2
     err = capsys.readouterr().err

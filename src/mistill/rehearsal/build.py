@@ -45,7 +45,7 @@ PROFILE = "rehearsal"
 # the distillation chain (every arm, seed and loader), its setup, its instrument checks
 TARGETS = ("R-D6", "R-D1", "R-D2", "R-D5", "R-D0", "R-D21", "R-D18", "R-D16", "R-C5", "R-C10", "R-C11", "R-D28",
            "R-C9", "R-D33", "R-D34", "R-D35", "R-C14", "R-D24", "R-D25", "R-D14", "R-D13", "R-D7", "R-D23", "R-D10",
-           "R-D12", "R-D26", "R-D27", "R-D31", "R-D32")
+           "R-D12", "R-D26", "R-D27", "R-D31", "R-D32", "R-D29", "R-D36")
 COPIED = ("dvc.yaml", "registry.yaml", "readers", "src/mistill", "results/expected")
 FAKES = Path("tests") / "fakes"
 STAND_INS = "stand-ins"
