@@ -1,13 +1,14 @@
-"""The own-trace chain (App. L.4) on a tiny random Qwen3 student: completed generations only, the student's own
-events, the realisation step as the identity, the knock-in against its invariant, and the property that a
-student whose own traces are the teacher's traces reproduces its teacher-forced cells."""
+"""The own-trace chain (App. L.4) on tiny random Qwen3 and SmolLM3 students: completed generations only, App. C's
+events in the student's text, the realisation step as the identity for a student of the teacher's tokenizer and
+App. I.1's anchor rule for SmolLM3's, the knock-in against its invariant, and the property that a student whose
+own traces are the teacher's traces reproduces its teacher-forced cells."""
 
 from __future__ import annotations
 
 import json
 
 import pytest
-from own_heads_world import INVENTORY, completion, tiny_qwen3, traces, write_world
+from own_heads_world import INVENTORY, completion, tiny_qwen3, tiny_smollm3, traces, write_world
 
 from mistill.errors import UserError
 from mistill.evaluate.compare import knockin_rows, note_recovery
@@ -40,7 +41,7 @@ def world(tmp_path_factory, teacher_tokenizer):
     write_jsonl(root / "gen" / "generations.jsonl", generations(own, invalid={"note1"}, cap={"note3"}))
     coverage = run_own_traces("unused", "qwen", 0, params, generations=root / "gen" / "generations.jsonl",
                               heads_from=root / "HD-S" / "qwen-s0", root=root / "own-trace", model=model,
-                              tokenizer=teacher_tokenizer)
+                              tokenizer=teacher_tokenizer, teacher_tokenizer=teacher_tokenizer)
     return root, params, model, coverage
 
 
@@ -91,7 +92,8 @@ def test_a_student_reasoning_as_the_teacher_reproduces_its_teacher_forced_cells(
     root, params, model, _ = world
     write_jsonl(root / "same" / "generations.jsonl", generations(traces()))
     run_own_traces("unused", "qwen", 0, params, generations=root / "same" / "generations.jsonl",
-                   heads_from=root / "HD-S" / "qwen-s0", root=root / "same", model=model, tokenizer=teacher_tokenizer)
+                   heads_from=root / "HD-S" / "qwen-s0", root=root / "same", model=model, tokenizer=teacher_tokenizer,
+                   teacher_tokenizer=teacher_tokenizer)
     own = knockin_rows(root / "same" / "M6" / "qwen-s0")
     forced = knockin_rows(root / "M6" / "qwen-s0")
     assert set(own) == set(forced) == {"note0", "note1", "note2", "note3"}
@@ -106,7 +108,8 @@ def test_a_student_reasoning_as_the_teacher_reproduces_its_teacher_forced_cells(
 def test_a_rerun_on_fewer_completions_drops_the_earlier_notes(world, teacher_tokenizer):
     root, params, model, _ = world
     write_jsonl(root / "fewer" / "generations.jsonl", generations(traces(), invalid={"note0"}))
-    kw = dict(heads_from=root / "HD-S" / "qwen-s0", root=root / "fewer", model=model, tokenizer=teacher_tokenizer)
+    kw = dict(heads_from=root / "HD-S" / "qwen-s0", root=root / "fewer", model=model, tokenizer=teacher_tokenizer,
+              teacher_tokenizer=teacher_tokenizer)
     run_own_traces("unused", "qwen", 0, params, generations=root / "fewer" / "generations.jsonl", **kw)
     write_jsonl(root / "fewer" / "generations.jsonl", generations(traces(), invalid={"note0", "note1", "note2"}))
     coverage = run_own_traces("unused", "qwen", 0, params, generations=root / "fewer" / "generations.jsonl", **kw)
@@ -126,3 +129,35 @@ def test_bad_inputs_are_user_errors(world, tmp_path):
     with pytest.raises(UserError, match="head_sets_contrast.json"):
         run_own_traces("unused", "qwen", 0, params, generations=root / "gen" / "generations.jsonl",
                        heads_from=tmp_path, root=tmp_path / "out", model=model, tokenizer=None)
+
+
+def test_smollm3_own_traces_keep_the_decisions_its_tokens_begin_at(world, teacher_tokenizer, smol_tokenizer):
+    """SmolLM3 merges digit runs: App. C's rules in its own tokenization find no P2 or P2C decision, while the
+    events located in the teacher's tokenization and realised by App. I.1's anchor rule keep the P2C decisions
+    at which a SmolLM3 token begins (the knock-in reads exactly those)."""
+    root, params, _, _ = world
+    model = tiny_smollm3(smol_tokenizer.vocab_size, seed=4)
+    run_chain("unused", "smol", 0, params, stages=["attribute"], model=model, tokenizer=smol_tokenizer,
+              teacher_tokenizer=teacher_tokenizer)
+    write_jsonl(root / "smol" / "generations.jsonl", generations(traces()))
+    coverage = run_own_traces("unused", "smol", 0, params, generations=root / "smol" / "generations.jsonl",
+                              heads_from=root / "HD-S" / "smol-s0", root=root / "smol", model=model,
+                              tokenizer=smol_tokenizer, teacher_tokenizer=teacher_tokenizer)
+    run, codes = OwnTraceRun(root / "smol", "smol", 0), [c for c, _ in INVENTORY]
+    assert coverage["with_events"] == 4
+    realised_p2c = 0
+    for row in read_jsonl(run.traces):
+        trace = Trace(row["note_id"], row["prompt"], row["completion"])
+        text, ids, offsets, start = model_input(smol_tokenizer, trace)
+        own_rules, _ = extract_events(note_id=trace.note_id, text=text, ids=ids, offsets=offsets,
+                                      completion_start=start, codes=codes, tokenizer=smol_tokenizer, n_null=6, seed=0)
+        assert not [e for e in own_rules if e.kind in ("P2", "P2C")]
+        _, expected = realize_note_events(read_jsonl(run.events_dir / trace.note_id / "events.jsonl"),
+                                          teacher_tokenizer, smol_tokenizer, trace)
+        realised = load_events(run.m6_dir / trace.note_id / "events.jsonl")
+        assert [(e.kind, e.pos, e.target_id) for e in realised] == [(e.kind, e.pos, e.target_id) for e in expected]
+        for e in realised:   # each kept decision's token begins at the decided character
+            assert offsets[e.pos][0] <= start + e.anchor < offsets[e.pos][1]
+            assert text[offsets[e.pos][0]:start + e.anchor].strip() == ""
+        realised_p2c += sum(e.kind == "P2C" for e in realised)
+    assert realised_p2c > 0

@@ -6,26 +6,35 @@ Here the student reasons on its own, with its own events and its own near-misses
 (a) the own-trace run: the arm's test-note generations (`DT-eval/<arm>-s<seed>/generations.jsonl`) whose
     reasoning block closes before the token cap (App. K validity) become a trace set,
     `<root>/runs/<arm>-s<seed>/traces.jsonl`, beside `coverage.json` (generated, completed, with events);
-(b) the events of App. C extracted from the student's own reasoning with the student's tokenizer, their
-    margins from the student itself (`mistill.instrument.passes.run_events`) -> `runs/<arm>-s<seed>/events/`;
+(b) the events of App. C in the student's own reasoning -> `runs/<arm>-s<seed>/events/`;
 (c) the knock-in (App. K, M4) with the arm's own global sets from its teacher-forced chain
     (`HD-S/<arm>-s<seed>`, no attribution pass on the own traces), the donor being the next own trace ->
     `<root>/M6/<arm>-s<seed>/` (`faithfulness2.json`, `<note>/patch2.jsonl`), laid out as the teacher-forced
     cells so that `mistill.evaluate.compare` reads both the same way.
 
-The extracted events are already in the student's tokenization: the knock-in's realisation step (the teacher's
-tokenizer to the student's, App. I.1) runs with the student's tokenizer on both sides, where it returns every
-decision event at its own position (tested).  A note enters the readout only if its generation completed and
-carries events; the coverage is therefore part of the result, and levels across arms on different completion
-sets are not a controlled cross-arm effect (App. L.4).
+Which events, in which tokenization (reconstruction; the paper says the events were "extracted with the
+student's tokenizer"): App. C's rules are character rules over a tokenization in which a code's characters are
+one token each (P2, P2C: the first character that separates a code from its alternatives or its near-miss).
+Qwen3's tokenizer is such a tokenization; SmolLM3's merges digit runs ("18"), where the rules would find no P2 or
+P2C decision at all.  So (b) applies App. C's rules to the student's text in the teacher's tokenization, and the
+knock-in realises those events in the student's tokenizer by App. I.1's anchor rule (an event is kept only where
+the student's next token begins at the decided character, never moved), exactly as it realises the teacher's
+events on the teacher's traces: the own-trace and teacher-forced cells read one event definition.  For a student
+that shares the teacher's tokenizer the realisation is the identity (tested).  The events' margins are the
+knock-in's own (its clean run), so (b) needs no model.
+
+A note enters the readout only if its generation completed and carries realised events; the coverage is
+therefore part of the result, and levels across arms on different completion sets are not a controlled
+cross-arm effect (App. L.4).
 """
 
 from __future__ import annotations
 
-import dataclasses
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
+
+from tqdm import tqdm
 
 from mistill.errors import UserError
 from mistill.io import provenance, read_json, read_jsonl, write_json, write_jsonl
@@ -96,17 +105,31 @@ def write_own_traces(generations: str | Path, run: OwnTraceRun) -> dict:
     return {"generated": n_rows, "completed": len(traces), "completed_notes": [t["note_id"] for t in traces]}
 
 
-def extract_own_events(model, tokenizer, run: OwnTraceRun, params: dict, *, limit: int | None = None,
-                       force: bool = False) -> dict:
-    """(b): App. C's events of every own trace, in the student's tokenization and with its own margins."""
-    from mistill.evaluate.own_heads import weights_fingerprint
-    from mistill.instrument.passes import InstrumentConfig, run_events
+def extract_own_events(teacher_tokenizer, run: OwnTraceRun, params: dict, *, limit: int | None = None) -> dict:
+    """(b): App. C's events of every own trace in the teacher's tokenization (the module's docstring says why);
+    returns {note: why} for the notes left without events (a code outside the inventory, no decision)."""
+    from mistill.instrument.events import DECISION_KINDS, extract_events
+    from mistill.instrument.passes import InstrumentConfig, inventory_codes, load_traces, model_input
 
-    cfg = dataclasses.replace(InstrumentConfig.from_params(params), traces=str(run.traces),
-                              out_dir=str(run.events_dir), teacher=f"student weights {weights_fingerprint(model)}")
-    # provenance records the trace set and output the pass actually read and wrote
-    params = {**params, "instrument": {**params["instrument"], "traces": cfg.traces, "out_dir": cfg.out_dir}}
-    return run_events(cfg, params, model=model, tokenizer=tokenizer, limit=limit, force=force)
+    cfg = InstrumentConfig.from_params(params)
+    codes = inventory_codes(cfg.inventory)
+    skipped: dict[str, str] = {}
+    for trace in tqdm(load_traces(run.traces)[:limit], desc="own-trace events", unit="note"):
+        text, ids, offsets, start = model_input(teacher_tokenizer, trace)
+        events, report = extract_events(note_id=trace.note_id, text=text, ids=ids, offsets=offsets,
+                                        completion_start=start, codes=codes, tokenizer=teacher_tokenizer,
+                                        n_null=cfg.n_null, min_null_distance=cfg.null_min_distance,
+                                        p2c_cap=cfg.p2c_cap, seed=cfg.seed)
+        path = run.events_dir / trace.note_id / "events.jsonl"
+        if report.unknown_mentions and cfg.unknown_codes == "skip_note":
+            skipped[trace.note_id] = "a code mention outside the inventory"
+        elif not any(e.kind in DECISION_KINDS for e in events):
+            skipped[trace.note_id] = "no decision event"
+        else:
+            write_jsonl(path, [e.to_json() for e in events])
+            continue
+        path.unlink(missing_ok=True)   # nothing from an earlier run's generation of this note
+    return skipped
 
 
 def own_trace_params(params: dict, run: OwnTraceRun) -> dict:
@@ -126,9 +149,11 @@ def write_empty_readout(run: OwnTraceRun, params: dict, seed: int, why: str) -> 
 
 def run_own_traces(model_spec: str, arm: str, seed: int, params: dict, *, generations: str | Path,
                    heads_from: str | Path, root: str | Path, student_key: str | None = None,
-                   limit: int | None = None, force: bool = False, model=None, tokenizer=None) -> dict:
+                   limit: int | None = None, force: bool = False, model=None, tokenizer=None,
+                   teacher_tokenizer=None) -> dict:
     """(a), (b), (c) for one arm and seed; returns the coverage record (also in runs/<arm>-s<seed>/coverage.json).
-    `model`, `tokenizer`: the loaded student (default: loaded from `model_spec`)."""
+    `model`, `tokenizer`: the loaded student (default: loaded from `model_spec`); `teacher_tokenizer`: the
+    teacher's (default: params models.teacher's)."""
     from mistill.evaluate.own_heads import load_student, run_chain
 
     heads_from = Path(heads_from)
@@ -137,22 +162,25 @@ def run_own_traces(model_spec: str, arm: str, seed: int, params: dict, *, genera
                         "own-trace knock-in uses the arm's own global sets)")
     run = OwnTraceRun(Path(root), arm, seed)
     coverage = write_own_traces(generations, run)
-    if model is None:
-        model, tokenizer = load_student(model_spec, params, student_key)
+    if teacher_tokenizer is None:
+        from mistill.models.loading import ModelSpec, load_tokenizer
+
+        teacher_tokenizer = load_tokenizer(ModelSpec.from_params(params.get("models") or {}, "teacher"))
     with_events: list[str] = []
     if coverage["completed"]:
-        summary = extract_own_events(model, tokenizer, run, params, limit=limit, force=force)
-        skipped = set(summary.get("skipped") or {})
+        skipped = extract_own_events(teacher_tokenizer, run, params, limit=limit)
         with_events = [n for n in coverage["completed_notes"][:limit] if n not in skipped]
+        coverage["without_events"] = skipped
     coverage.update(with_events=len(with_events), heads_from=str(heads_from), generations=str(generations))
     if len(with_events) < 2:
         run.m6_dir.mkdir(parents=True, exist_ok=True)
         write_empty_readout(run, params, seed, f"{len(with_events)} completed own trace(s) with events")
     else:
-        # the student's tokenizer on both sides of the realisation step: the events are its own already
+        if model is None:
+            model, tokenizer = load_student(model_spec, params, student_key)
         coverage["seconds"] = run_chain(model_spec, arm, seed, own_trace_params(params, run), stages=["knockin"],
                                         student_key=student_key, limit=limit, force=force, model=model,
-                                        tokenizer=tokenizer, teacher_tokenizer=tokenizer, out_root=root,
+                                        tokenizer=tokenizer, teacher_tokenizer=teacher_tokenizer, out_root=root,
                                         heads_from=heads_from)
     write_json(run.coverage, {**{k: v for k, v in coverage.items() if k != "seconds"},
                               "provenance": provenance(params, seed)})
