@@ -30,7 +30,10 @@ def test_a_job_per_training_run_with_its_evaluation_and_own_heads_chain():
         stage = job.name.split("@")[0]
         if stage in ("DT-000", "DT-001", "DT-variant"):
             family = {"DT-000": "vanilla", "DT-001": "mistill", "DT-variant": "variant"}[stage]
-            assert sorted(n.split("@")[0] for n in names[1:]) == [f"EV-{family}", f"M6-{family}"]
+            # the arm's own-trace read (App. L.4) joins its job: every main arm, the variants params list
+            own = stage != "DT-variant" or key in params["variants"]["own_traces"]
+            assert sorted(n.split("@")[0] for n in names[1:]) == [f"EV-{family}", f"M6-{family}"] + (
+                [f"OWN-{family}"] if own else [])
             assert job.stages[0][1].startswith("mistill distill train")
         else:   # a baseline arm: its evaluation, and Feature-KD's own-heads chain
             arm = stage.removeprefix("DT-000-")
