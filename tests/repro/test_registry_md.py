@@ -46,8 +46,7 @@ def test_check_flag_detects_a_stale_file(scratch_root, monkeypatch, capsys):
     assert main(["repro", "registry-md"]) == 0
     assert main(["repro", "registry-md", "--check"]) == 0
     path = scratch_root / "registry.yaml"
-    path.write_text(path.read_text().replace("status_note: not yet implemented in this repository",
-                                             "status_note: being built", 1))
+    path.write_text(path.read_text().replace("    claim: ", "    claim: being built; ", 1))
     assert main(["repro", "registry-md", "--check"]) == 1
     assert "stale" in capsys.readouterr().err
     assert "being built" in render_registry_md(load_registry(scratch_root))
