@@ -21,10 +21,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from mistill.errors import UserError
 from mistill.evaluate.available_pairs import available_pair_comparison
 from mistill.evaluate.own_heads import OwnHeadsConfig
-from mistill.evaluate.own_trace_readout import OwnTraceArm, own_trace_root
+from mistill.evaluate.own_trace_readout import OwnTraceArm
+from mistill.evaluate.own_traces import own_trace_root
 from mistill.evaluate.readout import arm_labels, main_for, training_seeds, value
 from mistill.stats import StatsParams
 
@@ -57,11 +57,7 @@ def compute_values(params: dict) -> tuple[dict, list[Path]]:
             for row, label in arm_labels(params).items()}
     first_two, s0 = training_seeds(params)[:2], training_seeds(params)[0]
     v: dict[str, dict] = {}
-    inputs: list[Path] = []
-    for row, arm in arms.items():
-        if not arm.seeds:
-            raise UserError(f"{arm.where()}: no own-trace readout of {arm.label}; run its OWN stage")
-        inputs += arm.inputs()
+    inputs = [p for arm in arms.values() for p in arm.inputs()]   # an arm without a readout: a UserError naming it
 
     def put(key: str, x, statistic: str, artifact: str) -> None:
         if x is not None and not (isinstance(x, list) and any(e is None for e in x)):

@@ -27,7 +27,8 @@ from mistill.evaluate.available_pairs import available_pair_comparison
 from mistill.evaluate.compare import arm_values, clustered, seed_dirs, seed_medians
 from mistill.evaluate.edit_effects import load_rows, per_note_effect, shared_events
 from mistill.evaluate.matched import Family
-from mistill.evaluate.own_trace_readout import OwnTraceArm, own_trace_root
+from mistill.evaluate.own_trace_readout import OwnTraceArm
+from mistill.evaluate.own_traces import own_trace_root
 from mistill.evaluate.readout import (
     arm_labels,
     load_arms,

@@ -14,7 +14,8 @@ from pathlib import Path
 
 from mistill.errors import UserError
 from mistill.evaluate.own_heads import OwnHeadsConfig
-from mistill.evaluate.own_trace_readout import OwnTraceArm, own_trace_root
+from mistill.evaluate.own_trace_readout import OwnTraceArm
+from mistill.evaluate.own_traces import own_trace_root
 from mistill.evaluate.readout import arm_labels, main_for, training_seeds, value
 
 READER = "readers/r_d36.py"

@@ -38,14 +38,14 @@ def cmd_own_heads(args) -> int:
 
 def cmd_own_traces(args) -> int:
     from mistill.evaluate.own_heads import arm_dirs
-    from mistill.evaluate.own_traces import run_own_traces
+    from mistill.evaluate.own_traces import own_trace_root, run_own_traces
     from mistill.models.loading import set_threads
 
     params = _params()
     set_threads(params["models"], args.threads)
     artifacts = (params.get("paths") or {}).get("artifacts", "artifacts")
     heads_from = args.heads_from or arm_dirs(artifacts, args.arm, int(args.seed))[0]
-    root = args.out_root or str(Path(artifacts) / "own-trace")
+    root = args.out_root or str(own_trace_root(artifacts))
     coverage = run_own_traces(args.model, args.arm, int(args.seed), params, generations=args.generations,
                               heads_from=heads_from, root=root, student_key=args.student, limit=args.limit,
                               force=args.force)

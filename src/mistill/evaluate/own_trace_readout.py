@@ -24,11 +24,6 @@ from mistill.evaluate.compare import arm_values, seed_dirs
 from mistill.evaluate.own_traces import OwnTraceRun, load_coverage
 
 
-def own_trace_root(artifacts: str | Path) -> Path:
-    """Where `mistill evaluate own-traces` writes by default: <artifacts>/own-trace."""
-    return Path(artifacts) / "own-trace"
-
-
 @dataclass(frozen=True)
 class Change:
     """own minus forced on the notes carrying both."""

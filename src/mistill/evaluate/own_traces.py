@@ -40,6 +40,11 @@ from mistill.errors import UserError
 from mistill.io import provenance, read_json, read_jsonl, write_json, write_jsonl
 
 
+def own_trace_root(artifacts: str | Path) -> Path:
+    """Where the own-trace chain writes by default: <artifacts>/own-trace (runs/ and M6/ under it)."""
+    return Path(artifacts) / "own-trace"
+
+
 @dataclass(frozen=True)
 class OwnTraceRun:
     """Where one arm-seed's own-trace run and its knock-in live under `root` (params paths.artifacts/own-trace)."""
