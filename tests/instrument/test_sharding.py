@@ -151,9 +151,12 @@ def test_a_rank_that_dies_leaves_valid_files_and_the_rerun_computes_only_the_mis
         _spawn(2, tmp_path, die_after=1)
     out = tmp_path / "HD-001"
     states = {n: passes.artifact_state(out / n / "attr.npz", passes.load_attr) for n in NOTES}
-    assert states["note0"] == "valid" and set(states.values()) <= {"valid", "missing"}
+    # rank 0 dies after a commit; the launcher then stops rank 1 wherever it is, possibly between an artifact and
+    # its meta, which the state names unfinished (never a partial file: writes are atomic)
+    assert states["note0"] == "valid"
+    assert all(s in ("valid", "missing") or s.startswith("unfinished") for s in states.values()), states
     assert not list(out.glob("**/*.tmp*"))                # no partial file where an artifact would be
-    missing = sum(s == "missing" for s in states.values())
+    missing = sum(s != "valid" for s in states.values())
     assert missing >= 1                                   # rank 0 died before note2
     cfg = _write_world(tmp_path, BAD)
     capsys.readouterr()
