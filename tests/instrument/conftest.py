@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 from tokenizers import Tokenizer
-from transformers import Qwen3Config, Qwen3ForCausalLM
+from transformers import Qwen2Config, Qwen2ForCausalLM, Qwen3Config, Qwen3ForCausalLM
 
 from mistill.instrument.passes import (
     InstrumentConfig,
@@ -79,10 +79,29 @@ def random_ids(seed: int = 0, n: int = 48, vocab: int = 211) -> list[int]:
     return torch.randint(0, vocab, (n,), generator=g).tolist()
 
 
-@pytest.fixture(scope="session")
-def small_model():
-    """A tiny Qwen3 over a small vocabulary (synthetic token sequences)."""
-    return tiny_qwen3(211)
+def tiny_qwen2(vocab_size: int, *, layers: int = 3, heads: int = 4, kv_heads: int = 2, seed: int = 0,
+               attn: str = "sdpa") -> Qwen2ForCausalLM:
+    """The second teacher's architecture (R-C15, QwQ-32B): biased q/k/v projections, no q/k norm."""
+    torch.manual_seed(seed)
+    cfg = Qwen2Config(vocab_size=vocab_size, hidden_size=32, intermediate_size=64, num_hidden_layers=layers,
+                      num_attention_heads=heads, num_key_value_heads=kv_heads, max_position_embeddings=4096,
+                      tie_word_embeddings=True, attn_implementation=attn)
+    model = Qwen2ForCausalLM(cfg).eval()
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if p.dim() == 2 and "embed" not in name:
+                p.mul_(8.0)
+            elif name.endswith("proj.bias"):   # q/k/v biases (zero at init) large enough to matter
+                p.normal_(0.0, 0.5)
+    model.requires_grad_(False)
+    return model
+
+
+@pytest.fixture(scope="session", params=["qwen3", "qwen2"])
+def small_model(request):
+    """A tiny Qwen3, and a tiny Qwen2 (the second teacher's family), over a small vocabulary (synthetic token
+    sequences): every hook and patching property holds for both."""
+    return tiny_qwen3(211) if request.param == "qwen3" else tiny_qwen2(211)
 
 
 @pytest.fixture(scope="session")

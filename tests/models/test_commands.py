@@ -126,9 +126,10 @@ def test_bad_input(world, capsys):
 
 def test_paper_profile_models_are_loaded_by_id_so_training_stages_only_pin_them(world, capsys):
     params = yaml.safe_load((world / "params.yaml").read_text())
-    params["demo"]["models"].update({"dir": "models/paper", "teacher": "Qwen/Qwen3-14B",
+    params["demo"]["models"].update({"dir": "models/paper", "teacher": "Qwen/Qwen3-14B", "teacher_qwq": "Qwen/QwQ-32B",
                                      "student_qwen": "Qwen/Qwen3-4B", "student_smol": "HuggingFaceTB/SmolLM3-3B",
-                                     "revision": {"teacher": "abc", "student_qwen": None, "student_smol": "def"},
+                                     "revision": {"teacher": "abc", "teacher_qwq": None, "student_qwen": None,
+                                                  "student_smol": "def"},
                                      "student_pretraining": None})
     (world / "params.yaml").write_text(yaml.safe_dump(params))
     assert main(["models", "train-teacher"]) == 0
@@ -140,6 +141,12 @@ def test_paper_profile_models_are_loaded_by_id_so_training_stages_only_pin_them(
     assert pins["teacher"] == {"model": "teacher", "id": "Qwen/Qwen3-14B", "revision": "abc"}
     assert pins["student-qwen"] == {"model": "student_qwen", "id": "Qwen/Qwen3-4B", "revision": None}
     assert pins["student-smol"]["revision"] == "def"
+    # the second teacher (R-C15) likewise: its stage pins QwQ-32B beside the first teacher's pin
+    assert main(["models", "train-teacher", "--role", "teacher_qwq"]) == 0
+    assert json.loads((world / "models" / "paper" / "teacher-qwq" / "pin.json").read_text()) == {
+        "model": "teacher_qwq", "id": "Qwen/QwQ-32B", "revision": None}
+    assert main(["models", "train-teacher", "--role", "teacher_llama"]) == 2
+    assert "models.teacher_llama is not set" in capsys.readouterr().err
 
 
 def test_save_model_dir_replaces_atomically(world):

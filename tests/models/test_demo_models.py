@@ -50,6 +50,17 @@ def test_demo_models_load():
     assert m_tok.family == "smollm3" and m_tok.encode(" N18.9").ids != t_tok.encode(" N18.9").ids
 
 
+def test_the_second_teacher_is_another_family_over_the_first_teachers_table():
+    """R-C15: a Qwen2 (QwQ-32B's family) half again as deep as the Qwen3 teacher, over the same compact table,
+    so its traces' tokens are the first teacher's."""
+    teacher, t_tok = load_model(DEMO / "teacher")
+    second, q_tok = load_model(DEMO / "teacher-qwq")
+    assert type(second).__name__ == "Qwen2ForCausalLM"
+    assert second.config.num_hidden_layers == 6 and teacher.config.num_hidden_layers == 4
+    assert second.config.num_attention_heads == teacher.config.num_attention_heads
+    assert q_tok.table == t_tok.table
+
+
 def test_demo_corpus_never_hits_unk(world):
     """Every text the demo can show a model (inventory, notes cut or not, prompts, scripted traces)
     tokenizes without the unknown id, for each demo model's table."""
@@ -64,7 +75,7 @@ def test_demo_corpus_never_hits_unk(world):
         texts.append(script_trace(note, list(inventory)).completion)
     texts.append(build_prompt(notes[0], lines))
     texts.append(build_prompt(notes[0], lines, narrow_instruction=False))
-    for name in ("teacher", "student-qwen", "student-smol"):
+    for name in ("teacher", "teacher-qwq", "student-qwen", "student-smol"):
         _, tok = load_model(DEMO / name)
         texts_here = texts + [tok.chat_prompt(texts[-1])]
         hits = [t[:60] for t in texts_here if UNK_ID in tok.encode(t).ids]

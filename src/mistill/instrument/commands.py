@@ -14,7 +14,7 @@
 
 Paths and sizes come from the active profile's `instrument` section of params.yaml
 (the teacher's id, dtype and device from `models`); `--traces` and `--out-dir` run the
-same passes over another trace set.
+same passes over another trace set, `--teacher teacher_qwq` with another teacher (R-C15).
 """
 
 from __future__ import annotations
@@ -31,6 +31,8 @@ def _common(parser: argparse.ArgumentParser, *, resumable: bool = True) -> None:
     # the same passes over another trace set (TR-007 -> HD-002, TR-008 -> TR-008/events)
     parser.add_argument("--traces", default=None, help="trace jsonl (default: params instrument.traces)")
     parser.add_argument("--out-dir", default=None, help="output directory (default: params instrument.out_dir)")
+    parser.add_argument("--teacher", default=None,
+                        help="another teacher of the profile, a params models key (teacher_qwq: R-C15)")
     if resumable:
         parser.add_argument("--force", action="store_true", help="recompute notes whose artifact is valid")
 
@@ -42,6 +44,8 @@ def _config(args):
     params = load_params(profile=args.profile)
     set_threads(params.get("models") or {})   # a bare instrument config (tests) names no models section
     cfg = InstrumentConfig.from_params(params)
+    if getattr(args, "teacher", None):
+        cfg, params = cfg.with_teacher(params, args.teacher)
     overrides = {k: v for k, v in (("traces", args.traces), ("out_dir", args.out_dir)) if v is not None}
     if not overrides:
         return cfg, params

@@ -16,7 +16,7 @@ import json
 import re
 import sys
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -279,6 +279,16 @@ class InstrumentConfig:
             return cls(**flat)
         except TypeError as err:
             raise UserError(f"params.yaml instrument: {err}") from None
+
+    def with_teacher(self, params: dict, key: str) -> tuple[InstrumentConfig, dict]:
+        """The same passes on another teacher of the profile, `models.<key>` with its own YaRN setting
+        (R-C15: the second teacher, App. H), and the params its provenance records."""
+        models = params.get("models") or {}
+        if not models.get(key) or not isinstance(models[key], str):
+            raise UserError(f"params.yaml models.{key}: no such model (--teacher takes a params models key)")
+        rope_scaling = (models.get("rope_scaling") or {}).get(key)
+        params = {**params, "instrument": {**params["instrument"], "teacher": models[key]}}
+        return replace(self, teacher=models[key], rope_scaling=rope_scaling), params
 
     def as_dict(self) -> dict:
         return asdict(self)

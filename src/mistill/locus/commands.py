@@ -9,7 +9,8 @@
 
 Settings come from params `locus` (out_dir, suffix, theta, window, set sizes); the traces, events,
 means and emission sets from the `instrument` section's run (HD-001).  `--traces`, `--instrument-dir`
-and `--out-dir` run the same passes on another run (TR-007 and HD-002 -> locus.shortlist_out_dir);
+and `--out-dir` run the same passes on another run (TR-007 and HD-002 -> locus.shortlist_out_dir),
+`--teacher teacher_qwq` with another teacher (R-C15: TR-QWQ and HD-QWQ);
 `probe --suffix-variant D` walks back under another forcing wording (params locus.suffix_rerun, R-C13);
 `probe --model <checkpoint> --student student_qwen` probes a student (M5, R-D15; params student_locus).
 """
@@ -30,6 +31,8 @@ def _settings(args):
     params = load_params(profile=args.profile)
     set_threads(params.get("models") or {})
     cfg, settings = InstrumentConfig.from_params(params), LocusSettings.from_params(params)
+    if args.teacher:
+        cfg, params = cfg.with_teacher(params, args.teacher)
     instrument = {k: v for k, v in (("traces", args.traces), ("out_dir", args.instrument_dir)) if v is not None}
     if instrument:
         cfg = dataclasses.replace(cfg, **instrument)
@@ -94,6 +97,8 @@ def register(commands: argparse._SubParsersAction) -> None:
         p.add_argument("--instrument-dir", default=None,
                        help="the run whose events, means and emission sets to read (default: params instrument.out_dir)")
         p.add_argument("--out-dir", default=None, help="output directory (default: params locus.out_dir)")
+        p.add_argument("--teacher", default=None,
+                       help="another teacher of the profile, a params models key (teacher_qwq: R-C15)")
         if resumable:
             p.add_argument("--force", action="store_true", help="recompute notes whose artifact is valid")
         if name == "probe":

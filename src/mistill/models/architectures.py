@@ -3,9 +3,11 @@
 The teacher and the same-family student are transformers' `Qwen3ForCausalLM`
 (GQA, per-head q/k RMSNorm, RoPE); the cross-family student is
 `SmolLM3ForCausalLM`, which keeps SmolLM3's NoPE pattern (every
-`no_rope_layer_interval`-th layer has no rotary embedding; App. J.1).  Only the
-sizes are scaled down; the modules (and so the `o_proj` input the instrument
-hooks, and the eager attention probabilities it reads) are the real ones.
+`no_rope_layer_interval`-th layer has no rotary embedding; App. J.1).  The second
+teacher (R-C15, App. H: QwQ-32B) is `Qwen2ForCausalLM`: biased q/k/v projections
+and no q/k RMSNorm, with Qwen2.5's tokenizer, whose ordinary tokens are Qwen3's.
+Only the sizes are scaled down; the modules (and so the `o_proj` input the
+instrument hooks, and the eager attention probabilities it reads) are the real ones.
 """
 
 from __future__ import annotations
@@ -14,7 +16,11 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from mistill.errors import UserError
-from mistill.models.tokenizers import FAMILIES, QWEN3_FAMILY, SMOLLM3_FAMILY
+from mistill.models.tokenizers import QWEN3_FAMILY, SMOLLM3_FAMILY
+
+QWEN2_FAMILY = "qwen2"
+# architecture family -> tokenizer family: QwQ-32B tokenizes with Qwen2.5's BPE, the one Qwen3 kept
+TOKENIZER_FAMILY = {QWEN3_FAMILY: QWEN3_FAMILY, SMOLLM3_FAMILY: SMOLLM3_FAMILY, QWEN2_FAMILY: QWEN3_FAMILY}
 
 # Eager attention returns the attention probabilities the read side needs
 # (App. E); sdpa computes the same function and may be used where they are not read.
@@ -23,7 +29,7 @@ DEFAULT_ATTN = "eager"
 
 @dataclass(frozen=True)
 class TinyArchitecture:
-    """Sizes of one tiny model; `family` picks Qwen3 or SmolLM3 (and so the tokenizer)."""
+    """Sizes of one tiny model; `family` picks Qwen3, SmolLM3 or Qwen2 (and so the tokenizer)."""
 
     family: str
     hidden_size: int
@@ -43,12 +49,17 @@ class TinyArchitecture:
         unknown = set(section) - known
         if unknown:
             raise UserError(f"unknown architecture keys: {', '.join(sorted(unknown))}")
-        if section.get("family") not in FAMILIES:
-            raise UserError(f"architecture family must be one of {', '.join(FAMILIES)}, got {section.get('family')!r}")
+        if section.get("family") not in TOKENIZER_FAMILY:
+            raise UserError(f"architecture family must be one of {', '.join(TOKENIZER_FAMILY)}, "
+                            f"got {section.get('family')!r}")
         arch = cls(**section)
         if arch.num_attention_heads % arch.num_key_value_heads:
             raise UserError("num_attention_heads must be a multiple of num_key_value_heads (GQA groups)")
         return arch
+
+    @property
+    def tokenizer_family(self) -> str:
+        return TOKENIZER_FAMILY[self.family]
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -76,6 +87,12 @@ def build_config(arch: TinyArchitecture, *, vocab_size: int, eos_token_id: int, 
         from transformers import Qwen3Config
 
         config = Qwen3Config(head_dim=arch.head_dim, **common)
+    elif arch.family == QWEN2_FAMILY:
+        from transformers import Qwen2Config
+
+        if arch.head_dim * arch.num_attention_heads != arch.hidden_size:
+            raise UserError("Qwen2 derives head_dim = hidden_size / num_attention_heads; set head_dim accordingly")
+        config = Qwen2Config(**common)
     elif arch.family == SMOLLM3_FAMILY:
         from transformers import SmolLM3Config
 
@@ -92,12 +109,12 @@ def build_model(arch: TinyArchitecture, *, vocab_size: int, eos_token_id: int, p
                 attn_implementation: str = DEFAULT_ATTN):
     """A randomly initialised tiny model, deterministic given `seed`."""
     import torch
-    from transformers import Qwen3ForCausalLM, SmolLM3ForCausalLM
+    from transformers import Qwen2ForCausalLM, Qwen3ForCausalLM, SmolLM3ForCausalLM
 
     config = build_config(arch, vocab_size=vocab_size, eos_token_id=eos_token_id, pad_token_id=pad_token_id,
                           attn_implementation=attn_implementation)
     torch.manual_seed(seed)
-    cls = Qwen3ForCausalLM if arch.family == QWEN3_FAMILY else SmolLM3ForCausalLM
+    cls = {QWEN3_FAMILY: Qwen3ForCausalLM, SMOLLM3_FAMILY: SmolLM3ForCausalLM, QWEN2_FAMILY: Qwen2ForCausalLM}[arch.family]
     model = cls(config)
     model.generation_config.eos_token_id = eos_token_id
     model.generation_config.pad_token_id = pad_token_id

@@ -1,6 +1,7 @@
 """`mistill models ...`: the demo models and the teacher trace sets.
 
-    mistill models train-teacher   -> <models.teacher>/ (safetensors, config, tokenizer remap, training log)
+    mistill models train-teacher [--role teacher_qwq]
+                                   -> <models.teacher>/ (safetensors, config, tokenizer remap, training log)
     mistill models init-students   -> <models.student_qwen>/, <models.student_smol>/ (seeded random init)
     mistill models pretrain-students
                                    -> the same directories, pretrained (models.student_pretraining)
@@ -167,17 +168,21 @@ def cmd_train_teacher(args) -> int:
 
     params = load_params()
     section = _models(params)
+    role = args.role
+    if not section.get(role):
+        raise UserError(f"params: models.{role} is not set for this profile")
+    if _loaded_by_id(section, [role]):  # the paper profile: nothing to train, only a pin to write
+        _write_pins(section, [role])
+        return 0
     cfg = section.get("teacher_training")
-    if not cfg:
-        if _loaded_by_id(section, ["teacher"]):  # the paper profile: nothing to train, only a pin to write
-            _write_pins(section, ["teacher"])
-            return 0
-        raise UserError("params: models.teacher_training is not set for this profile, and models.teacher is a "
-                        "local directory: set teacher_training or point models.teacher at a model id")
+    if not cfg or role not in (section.get("architectures") or {}):
+        raise UserError(f"params: models.{role} is a local directory, so it is trained here, and needs "
+                        f"models.teacher_training and models.architectures.{role}")
     set_threads(section)
-    arch = TinyArchitecture.from_params(section["architectures"]["teacher"])
+    # every teacher learns the same scripted traces under the same recipe; only the architecture differs
+    arch = TinyArchitecture.from_params(section["architectures"][role])
     world = load_world(params)
-    tokenizer = demo_tokenizer(params, arch.family)
+    tokenizer = demo_tokenizer(params, arch.tokenizer_family)
     notes = teacher_notes(params, world)
     examples = build_examples(tokenizer, world, notes, seed=int(cfg["seed"]),
                               shortlist_share=float(cfg["shortlist_share"]), shortlist_size=int(cfg["shortlist_size"]))
@@ -199,7 +204,7 @@ def cmd_train_teacher(args) -> int:
     log = train(model, examples, cfg)
     seconds = time.time() - start
     model.config._attn_implementation = section.get("attn_implementation", "eager")
-    out = Path(args.out or section["teacher"])
+    out = Path(args.out or section[role])
     n_params = sum(p.numel() for p in model.parameters())
     record = provenance({"models": section}, seed=int(cfg["seed"]), device=device, seconds=round(seconds, 1),
                         n_params=n_params, n_notes=len(notes), n_examples=len(examples),
@@ -208,7 +213,7 @@ def cmd_train_teacher(args) -> int:
                         unknown_tokens=sum(unknown.values()),
                         torch_threads=__import__("torch").get_num_threads())
     save_model_dir(model.cpu(), tokenizer, out, {"training_log.json": {"provenance": record, "steps": log}})
-    print(f"teacher: {n_params} parameters, {len(examples)} examples, {len(log)} steps, {seconds:.0f}s on {device} "
+    print(f"{role}: {n_params} parameters, {len(examples)} examples, {len(log)} steps, {seconds:.0f}s on {device} "
           f"-> {out}")
     return 0
 
@@ -219,8 +224,11 @@ def student_tokenizer(params: dict[str, Any], family: str):
     from mistill.models.tokenizers import REMAP_FILE, CompactTokenizer
 
     section = _models(params)
+    from mistill.models.architectures import TinyArchitecture
+
     teacher_dir = Path(section["teacher"])
-    if section["architectures"]["teacher"]["family"] == family and (teacher_dir / REMAP_FILE).exists():
+    teacher_family = TinyArchitecture.from_params(section["architectures"]["teacher"]).tokenizer_family
+    if teacher_family == family and (teacher_dir / REMAP_FILE).exists():
         return CompactTokenizer.load(teacher_dir)
     return demo_tokenizer(params, family)
 
@@ -235,7 +243,7 @@ def _init_student(params: dict[str, Any], key: str, attn_implementation: str):
 
     section = _models(params)
     arch = TinyArchitecture.from_params(section["architectures"][key])
-    tokenizer = student_tokenizer(params, arch.family)
+    tokenizer = student_tokenizer(params, arch.tokenizer_family)
     model = build_model(arch, vocab_size=tokenizer.vocab_size, eos_token_id=tokenizer.eos_token_id,
                         pad_token_id=tokenizer.pad_token_id, seed=int(section.get("student_seed", 0)),
                         attn_implementation=attn_implementation)
@@ -362,7 +370,9 @@ def register(subparsers) -> None:
     sub.add_argument("--device", help="cpu, cuda or auto (default: params models.device)")
     sub.add_argument("--epochs", type=int, help="override models.teacher_training.epochs")
     sub.add_argument("--max-steps", type=int, help="stop after N optimiser steps (smoke runs, timing)")
-    sub.add_argument("--out", help="output directory (default: params models.teacher)")
+    sub.add_argument("--out", help="output directory (default: params models.<role>)")
+    sub.add_argument("--role", default="teacher",
+                     help="the params models key to train: teacher, or teacher_qwq (R-C15's second teacher)")
     sub.set_defaults(func=cmd_train_teacher)
 
     sub = subparsers.add_parser("init-students", help="seeded random initialisation of the demo students")
@@ -378,8 +388,9 @@ def register(subparsers) -> None:
     sub.add_argument("--out-dir", help="write <out-dir>/<student key>/ instead of params models.<key>")
     sub.set_defaults(func=cmd_pretrain_students)
 
-    sub = subparsers.add_parser("traces", help="teacher traces of one trace set (TR-006, TR-007, TR-008, TR-A)")
-    sub.add_argument("--set", required=True, help="TR-006, TR-007, TR-008 or TR-A (R-C14: the instruction control)")
+    sub = subparsers.add_parser("traces", help="teacher traces of one trace set (TR-006, TR-007, TR-008, TR-A, TR-QWQ)")
+    sub.add_argument("--set", required=True, help="TR-006, TR-007, TR-008, TR-A (R-C14: the instruction control) or "
+                     "TR-QWQ (R-C15: the second teacher, with --model)")
     sub.add_argument("--model", help="model id or directory (default: params models.teacher)")
     sub.add_argument("--device", help="cpu, cuda or auto (default: params models.device)")
     sub.add_argument("--limit", type=int, help="only the first N notes (smoke runs)")

@@ -6,6 +6,7 @@
 * TR-A: R-C14's instruction control (App. B): a seeded draw of the characterization notes
   (params `instruction_control.notes`, `.seed`) on the full-inventory prompt without the
   narrow-then-decide sentence, nothing else changed.
+* TR-QWQ: R-C15's second teacher (App. H) on TR-006's notes and prompt (`--model` names it).
 
 One record per note, in the trace-record contract (`artifacts/<set>/traces.jsonl`):
 the untemplated prompt, the completion after the assistant header, App. K's
@@ -48,6 +49,7 @@ TRACE_SETS: dict[str, TraceSet] = {
     "TR-007": TraceSet(("corpus_char.jsonl",), SHORTLIST),
     "TR-008": TraceSet(("dt_test.jsonl", "dt_train.jsonl"), SHORTLIST),  # test notes first: the ones scored
     "TR-A": TraceSet(("corpus_char.jsonl",), FULL, narrow_instruction=False, control_draw=True),
+    "TR-QWQ": TraceSet(("corpus_char.jsonl",), FULL),   # R-C15: TR-006's notes and prompt, the second teacher
 }
 
 

@@ -8,7 +8,7 @@ paper profile expects to find on a GPU cluster, replaced by stand-ins:
 * MIMIC-IV: `world.mimiciv.table` and `split_table` in the format of Edin et al. (2023)'s release
   (`_id`, `subject_id`, `note_id`, `text`, undotted `icd10_diag`, `icd10_proc`, `target`; `_id`,
   `split`), holding notes of the demo note generator over a demo inventory of real ICD-10-CM codes;
-* the paper's models: tiny random Qwen3 / SmolLM3 models under the paper's ids in a local Hugging
+* the paper's models: tiny random Qwen3 / SmolLM3 / Qwen2 (QwQ-32B) models under the paper's ids in a local Hugging
   Face cache (`stand-ins/hf`) at the pinned revisions, with compact tokenizer tables that cover every
   text the chain shows them; the shortlist encoder (`thenlper/gte-large`) a tiny random BERT over
   the notes' words;
@@ -45,7 +45,7 @@ PROFILE = "rehearsal"
 # the distillation chain (every arm, seed and loader), its setup, its instrument checks
 TARGETS = ("R-D6", "R-D1", "R-D2", "R-D5", "R-D0", "R-D21", "R-D18", "R-D16", "R-C5", "R-C10", "R-C11", "R-D28",
            "R-C9", "R-D33", "R-D34", "R-D35", "R-C14", "R-D24", "R-D25", "R-D14", "R-D13", "R-D7", "R-D23", "R-D10",
-           "R-D12", "R-D26", "R-D27", "R-D31", "R-D32", "R-D29", "R-D36")
+           "R-D12", "R-D26", "R-D27", "R-D31", "R-D32", "R-D29", "R-D36", "R-C15")
 COPIED = ("dvc.yaml", "registry.yaml", "readers", "src/mistill", "results/expected")
 FAKES = Path("tests") / "fakes"
 STAND_INS = "stand-ins"
@@ -75,6 +75,10 @@ ARCHITECTURES = {
                      "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 8,
                      "no_rope_layer_interval": 4, "max_position_embeddings": 65536, "rope_theta": 5_000_000.0,
                      "extra": INIT},
+    # QwQ-32B (R-C15): Qwen2, half again the teacher's depth; YaRN applies to its 32,768-token base
+    "teacher_qwq": {"family": "qwen2", "hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 6,
+                    "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 8,
+                    "max_position_embeddings": 32768, "extra": INIT},
 }
 ENCODER_REVISION = hashlib.sha1(b"mistill rehearsal: tiny random BERT").hexdigest()
 
@@ -128,7 +132,8 @@ def build_rehearsal(out: str | Path, *, repo: str | Path = ".") -> Rehearsal:
     params = load_params(out / "params.yaml")
     stand_ins = out / STAND_INS
     inventory, notes = write_release(out, params)
-    write_script(stand_ins / "fake_vllm_script.json", notes, str(params["models"]["teacher"]))
+    write_script(stand_ins / "fake_vllm_script.json", notes,
+                 [str(params["models"][key]) for key in ("teacher", "teacher_qwq")])
     write_models(stand_ins / "hf" / "hub", params, inventory, notes)
     rehearsal = Rehearsal(out, {
         "PATH": str(Path(sys.executable).parent),    # `mistill` and `dvc` of this environment
@@ -186,13 +191,13 @@ def write_release(out: Path, params: dict[str, Any]):
     return inventory, mimiciv_notes(table, split_table, inventory)
 
 
-def write_script(path: Path, notes, teacher: str) -> None:
+def write_script(path: Path, notes, teachers: list[str]) -> None:
     """What the scripted fake vLLM answers from: each admission's text and gold codes, and the share of
-    them a trace names (the teacher's cache entry a better coder than any student, as in the paper)."""
+    them a trace names (each teacher's cache entry a better coder than any student, as in the paper)."""
     from mistill.io import write_json
 
     write_json(path, {"keep": KEEP_SHARE["students"],
-                      "keep_by_model": {f"models--{teacher.replace('/', '--')}": KEEP_SHARE["teacher"]},
+                      "keep_by_model": {f"models--{t.replace('/', '--')}": KEEP_SHARE["teacher"] for t in teachers},
                       "notes": [{"text": n.text, "gold": list(n.gold_codes)} for n in notes]}, indent=None)
 
 
@@ -234,10 +239,11 @@ def write_models(cache: Path, params: dict[str, Any], inventory, notes) -> None:
     with tempfile.TemporaryDirectory() as tmp:
         for seed, (key, section) in enumerate(ARCHITECTURES.items()):
             arch = TinyArchitecture.from_params(section)
-            if arch.family not in tokenizers:   # one table per family: teacher and Qwen3 student pair exactly
-                base = base_tokenizer(arch.family)
-                tokenizers[arch.family] = CompactTokenizer(base, build_remap(base, texts + [base.chat_prompt("")]))
-            tokenizer = tokenizers[arch.family]
+            family = arch.tokenizer_family   # one table per tokenizer: teacher and Qwen3 student pair exactly
+            if family not in tokenizers:
+                base = base_tokenizer(family)
+                tokenizers[family] = CompactTokenizer(base, build_remap(base, texts + [base.chat_prompt("")]))
+            tokenizer = tokenizers[family]
             model = build_model(arch, vocab_size=tokenizer.vocab_size, eos_token_id=tokenizer.eos_token_id,
                                 pad_token_id=tokenizer.pad_token_id, seed=seed,
                                 attn_implementation=models.get("attn_implementation") or "eager")
