@@ -135,7 +135,7 @@ def compute_values(params: dict) -> tuple[dict, list[Path]]:
     both = "_".join(f"k{n}" for n in sorted({nk, kk}))
     v[f"qwq_notes_above_random_{both}"] = value(
         min(c["value"] for c in counts), f"fewest notes, over phases and k in {sorted({nk, kk})}, where the global "
-        "top-k knock-in beats random (of the notes with events of the phase)", counts[0]["artifact"])
+        "top-k knock-in is above random (of the notes with events of the phase)", counts[0]["artifact"])
     v.update(exact_p2c_values(Path(RUN["instrument"]), heads, StatsParams.from_params(params)))
     v["qwq_firstorder_exact_pearson"] = c4["p2c_firstorder_vs_exact_per_event_corr"]
     v[f"qwq_chapter_contrastive_top{k['pool']}_shared"] = c4[f"top{k['pool']}_shared_chapter_contrastive"]
@@ -148,12 +148,12 @@ def compute_values(params: dict) -> tuple[dict, list[Path]]:
         overlap["artifact"])
     v["qwq_prosetime_note_share"] = c6["prosetime_note_attention_share"]
     large = k["locus"]
-    for name in ("emission", "prosetime"):
+    for name, label in (("emission", "emission"), ("prosetime", "prose-time")):
         window = c6[f"{name}_top{large}_window_only_necessity" if name == "emission" else f"{name}_top{large}_window_only"]
         suffix = c6[f"{name}_top{large}_suffix_only"]
         v[f"qwq_{name}_top{large}_window_suffix"] = value(
             [window["value"], suffix["value"]], f"[window-only, suffix-only] share of the forced margin removed by the "
-            f"{name} top-{large}, medians over notes", window["artifact"])
+            f"{label} top-{large}, medians over notes", window["artifact"])
     return v, [*c3_inputs, *c6_inputs, Path(RUN["instrument"]) / "head_sets_contrast.json",
                Path(RUN["instrument"]) / "calibration.npz", Path(RUN["locus"]) / "head_sets_locus.json"]
 
