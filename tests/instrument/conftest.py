@@ -92,7 +92,7 @@ def tiny_qwen2(vocab_size: int, *, layers: int = 3, heads: int = 4, kv_heads: in
             if p.dim() == 2 and "embed" not in name:
                 p.mul_(8.0)
             elif name.endswith("proj.bias"):   # q/k/v biases (zero at init) large enough to matter
-                p.normal_(0.0, 0.5)
+                p.normal_(0.0, 0.1)
     model.requires_grad_(False)
     return model
 
