@@ -28,6 +28,12 @@ batched: what the attribution pass runs) and a cached single-token patch against
     python benchmarks/bench_instrument_paper_shape.py --paper --only-exactness --exactness-fp32
                                             # the check again, then with the same weights in fp32 (~1.5 min)
 
+`--teacher teacher_qwq` builds QwQ-32B's shape instead (R-C15's second teacher: Qwen2, 64 layers, 32.8B
+parameters) under its own YaRN setting from params:
+
+    python benchmarks/bench_instrument_paper_shape.py --paper --teacher teacher_qwq --long-tokens 110000 \\
+        --out benchmarks/results/instrument_paper_shape_qwq32b_h200.json
+
 --long-tokens adds one note of the paper's length (~110k tokens) through events and attribution,
 the pass the paper's 176 s per note measures.  benchmarks/results/instrument_paper_shape_h200.json
 holds both H200 runs (its "runs" key).
@@ -73,6 +79,17 @@ QWEN3_14B = {
     "rope_scaling": None, "rope_theta": 1000000, "sliding_window": None, "tie_word_embeddings": False,
     "torch_dtype": "bfloat16", "use_cache": True, "use_sliding_window": False, "vocab_size": 151936,
 }
+# config.json of Qwen/QwQ-32B (public release; R-C15's second teacher, App. H), written out by hand: Qwen2,
+# biased q/k/v, 64 layers of 40 heads, YaRN x4 over a 32,768-token base from params (models.rope_scaling)
+QWQ_32B = {
+    "architectures": ["Qwen2ForCausalLM"], "attention_dropout": 0.0, "bos_token_id": 151643,
+    "eos_token_id": 151645, "hidden_act": "silu", "hidden_size": 5120, "initializer_range": 0.02,
+    "intermediate_size": 27648, "max_position_embeddings": 40960, "max_window_layers": 64, "model_type": "qwen2",
+    "num_attention_heads": 40, "num_hidden_layers": 64, "num_key_value_heads": 8, "rms_norm_eps": 1e-05,
+    "rope_scaling": None, "rope_theta": 1000000.0, "sliding_window": None, "tie_word_embeddings": False,
+    "torch_dtype": "bfloat16", "use_cache": True, "use_sliding_window": False, "vocab_size": 152064,
+}
+SHAPES = {"teacher": ("Qwen3-14B", QWEN3_14B), "teacher_qwq": ("QwQ-32B", QWQ_32B)}
 # the same architecture, tiny: a CPU smoke test of every path
 TINY = {**QWEN3_14B, "head_dim": 16, "hidden_size": 64, "intermediate_size": 128, "max_position_embeddings": 256,
         "max_window_layers": 4, "num_attention_heads": 4, "num_hidden_layers": 4, "num_key_value_heads": 2,
@@ -404,7 +421,8 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     mode = ap.add_mutually_exclusive_group()
     mode.add_argument("--tiny", action="store_true", help="a tiny Qwen3 on CPU (default without CUDA)")
-    mode.add_argument("--paper", action="store_true", help="Qwen3-14B's shape on CUDA (default with CUDA)")
+    mode.add_argument("--paper", action="store_true",
+                      help="the paper's shape on CUDA (default with CUDA): Qwen3-14B, or QwQ-32B with --teacher")
     ap.add_argument("--device", choices=["cpu", "cuda"], default=None, help="default: cuda with --paper, cpu with --tiny")
     ap.add_argument("--notes", type=int, default=3)
     ap.add_argument("--tokens", type=int, default=None, help="tokens per note (paper 30000, tiny 400)")
@@ -421,6 +439,8 @@ def main(argv=None) -> int:
     ap.add_argument("--dtype", choices=["float32", "bfloat16"], default=None,
                     help="default: the profile's (bfloat16); float32 for --tiny on CPU")
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--teacher", choices=sorted(SHAPES), default="teacher",
+                    help="whose shape with --paper: the teacher (Qwen3-14B) or the second teacher (QwQ-32B, R-C15)")
     args = ap.parse_args(argv)
 
     has_cuda = torch.cuda.is_available()
@@ -450,16 +470,19 @@ def main(argv=None) -> int:
                    out_dir=str(workdir / "HD"))
     models = params.setdefault("models", {})
     # the teacher is not a directory of weights: config_sha256 hashes the name
-    models["teacher"] = "random-init:Qwen3-14B-shape" if not tiny else "random-init:tiny-qwen3"
+    shape_name, paper_config = SHAPES[args.teacher]
+    models["teacher"] = f"random-init:{shape_name}-shape" if not tiny else "random-init:tiny-qwen3"
     if tiny:  # YaRN x4 over the tiny model's own window, as the teacher's over 40,960
         models["rope_scaling"] = {"teacher": {"rope_type": "yarn", "factor": 4.0,
                                               "original_max_position_embeddings": TINY["max_position_embeddings"]}}
     cfg = InstrumentConfig.from_params(params)
+    if not tiny and args.teacher != "teacher":   # its own YaRN setting from params, as `--teacher` runs it
+        cfg.rope_scaling = (models.get("rope_scaling") or {}).get(args.teacher)
     if args.dtype:
         cfg.dtype = args.dtype
     elif tiny and device == "cpu":
         cfg.dtype = "float32"  # CPU: bf16 matmuls are slow and this is a smoke test of the paths
-    config_json = TINY if tiny else QWEN3_14B
+    config_json = TINY if tiny else paper_config
     counts = TINY_EVENTS if tiny else PAPER_EVENTS_PER_NOTE
     n_null = min(cfg.n_null, 6) if tiny else cfg.n_null
 

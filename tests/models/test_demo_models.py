@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from mistill.models.loading import load_model
+from mistill.models.loading import ModelSpec, load_model
 from mistill.models.scripted_traces import script_trace
 from mistill.models.tokenizers import UNK_ID
 from mistill.params import load_params
@@ -91,8 +91,8 @@ def test_teacher_writes_a_valid_trace(world):
     inventory, notes = world
     note = next(n for n in notes if n.split == "test")
     text = cut_discharge_diagnosis(note.text)[0]
-    gen = generate(str(DEMO / "teacher"), [build_prompt(text, inventory.lines())], seeds=[0], max_new_tokens=1024,
-                   load_kwargs={"attn_implementation": "sdpa"})[0]
+    spec = ModelSpec(source=str(DEMO / "teacher"), attn_implementation="sdpa")
+    gen = generate(spec, [build_prompt(text, inventory.lines())], seeds=[0], max_new_tokens=1024)[0]
     parsed = parse_answer(gen.completion, inventory, hit_cap=gen.hit_cap)
     assert gen.completion.startswith("<think>\n") and parsed.valid
     assert set(parsed.answer) & set(note.gold_codes)
