@@ -23,8 +23,9 @@ from tests.repro.repro_helpers import REPO
 
 pytestmark = pytest.mark.slow
 
-# results whose keys name the teachers' heads (params readers.named_heads, second_teacher.named_heads): the stand-ins' are not the
-# paper's, so these are checked against the keys their readers list under the rehearsal's params
+# results whose keys name the teachers' heads (params readers.named_heads, second_teacher.named_heads; R-C15's
+# also its set sizes): the stand-ins' are not the paper's, so these are checked against the keys their readers
+# list under the rehearsal's params
 HEAD_NAMED_IDS = ("R-C5", "R-C10", "R-C11", "R-C15")
 # every other result the rehearsal reproduces is checked against the paper's keys
 IDS = tuple(rid for rid in TARGETS if rid not in HEAD_NAMED_IDS)
