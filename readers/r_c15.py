@@ -11,7 +11,7 @@ teacher's readers (R-C3, R-C4, R-C6), unchanged, and keeps App. H's numbers unde
   notes, over phases and both sizes, where the global set beats random;
 * the exact contrastive refinement: the P2C I_c of the heads params `second_teacher.named_heads`
   names (rank 1 and 2 in the run; the paper's L63H32 and L52H33), the leader's with a percentile
-  bootstrap interval over notes; first-order against exact, the median per-event Pearson; the chapter
+  bootstrap interval over notes (`..._interval`, beside the paper's printed [0.58, 0.76]); first-order against exact, the median per-event Pearson; the chapter
   and contrastive top-k (instrument.calibration.pool_k) shared;
 * the prose locus: the window share of chapter mentions, the median locus distance, the prose-time
   set's median layer (of its top pool_k) and its top-k overlap with the emission set, its attention
@@ -77,7 +77,8 @@ def keys(params: dict) -> list[str]:
     return [*(f"qwq_knockin_top{k['knockin']}_{p}" for p in PHASE_NAMES.values()),
             f"qwq_knockin_random{k['knockin']}_max", "qwq_window_locus_share",
             f"qwq_prosetime_top{k['overlap']}_emission_top{k['overlap']}_overlap", f"qwq_notes_above_random_{both}",
-            f"qwq_exact_p2c_top_{heads['exact_p2c_top']}", f"qwq_exact_p2c_second_{heads['exact_p2c_second']}",
+            f"qwq_exact_p2c_top_{heads['exact_p2c_top']}", f"qwq_exact_p2c_top_{heads['exact_p2c_top']}_interval",
+            f"qwq_exact_p2c_second_{heads['exact_p2c_second']}",
             "qwq_firstorder_exact_pearson", f"qwq_chapter_contrastive_top{k['pool']}_shared",
             f"qwq_within_region_top{k['necessity']}_knockin", "qwq_median_locus_distance", "qwq_prosetime_median_layer",
             "qwq_prosetime_note_share", f"qwq_emission_top{k['locus']}_window_suffix",
@@ -103,8 +104,8 @@ def exact_p2c_values(run: Path, heads: dict[str, str], stats: StatsParams) -> di
             column = per_note[:, i][np.isfinite(per_note[:, i])]
             interval = bootstrap_mean(column, n_resamples=stats.bootstrap_resamples, seed=stats.bootstrap_seed,
                                       confidence=stats.confidence)
-            v[name]["interval"] = [interval.low, interval.high]
-            v[name]["statistic"] += f", {stats.confidence:.0%} percentile bootstrap over {interval.n} notes"
+            v[f"{name}_interval"] = value([interval.low, interval.high], f"nats, {stats.confidence:.0%} percentile "
+                                          f"bootstrap interval over {interval.n} notes of the mean", per_note_path)
     return v
 
 

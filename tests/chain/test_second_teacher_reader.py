@@ -18,7 +18,9 @@ R_C15 = reader("R-C15")
 
 
 def test_the_paper_profile_writes_exactly_the_papers_keys():
-    assert set(R_C15.keys(PAPER_PARAMS)) == set(REGISTRY.expected("paper").values["R-C15"])
+    assert set(R_C15.keys(PAPER_PARAMS)) == set(REGISTRY.expected("paper").values["R-C15"]) | {
+        "qwq_exact_p2c_top_l63h32_interval"}
+    assert REGISTRY.results["R-C15"].extra_keys == ["qwq_exact_p2c_top_l63h32_interval"]
     # the demo's sizes and heads are its own: no paper set size leaks into its keys
     demo = R_C15.keys(DEMO_PARAMS)
     assert "qwq_knockin_top8_p1" in demo and not any("top40" in k for k in demo)
@@ -50,12 +52,13 @@ def test_exact_p2c_heads_and_prosetime_layer_by_hand(tmp_path):
     stats = StatsParams(bootstrap_resamples=2000, bootstrap_seed=0)
     values = R_C15.exact_p2c_values(tmp_path, {"exact_p2c_top": "l5h2", "exact_p2c_second": "l3h1"}, stats)
     top, second = values["qwq_exact_p2c_top_l5h2"], values["qwq_exact_p2c_second_l3h1"]
+    low, high = values["qwq_exact_p2c_top_l5h2_interval"]["value"]
     assert top["value"] == pytest.approx(per_note[:, 22].mean()) and "rank 1 of 24" in top["statistic"]
     assert second["value"] == pytest.approx(per_note[:, 13].mean()) and "rank 2 of 24" in second["statistic"]
     # the leader's interval: the percentile bootstrap of the mean over notes, against resampling by hand
     boot = np.random.default_rng(1).choice(per_note[:, 22], (20000, notes)).mean(axis=1)
-    low, high = top["interval"]
-    assert low < top["value"] < high and "interval" not in second
+    assert low < top["value"] < high and not any(k.startswith("qwq_exact_p2c_second") and k.endswith("_interval")
+                                                  for k in values)
     assert low == pytest.approx(np.quantile(boot, 0.025), abs=0.02) and high == pytest.approx(np.quantile(boot, 0.975), abs=0.02)
     # the prose-time set's median layer: layers of its top-4 heads 5, 4, 4, 1 -> 4.0
     prose = np.zeros(n_layers * n_heads)
