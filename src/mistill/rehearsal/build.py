@@ -81,6 +81,7 @@ ARCHITECTURES = {
                     "max_position_embeddings": 32768, "extra": INIT},
 }
 ENCODER_REVISION = hashlib.sha1(b"mistill rehearsal: tiny random BERT").hexdigest()
+UNPINNED_REVISION = hashlib.sha1(b"mistill rehearsal: a model the paper profile pins no revision of").hexdigest()
 
 # Trace shapes the scripted fake writes that a full-inventory script of the notes may not (a shortlist
 # without the ruled-out sibling, a note whose kept gold codes are none of the listed ones).
@@ -250,10 +251,12 @@ def write_models(cache: Path, params: dict[str, Any], inventory, notes) -> None:
             directory = Path(tmp) / key
             model.save_pretrained(directory)
             tokenizer.save(directory)
-            revision = (models.get("revision") or {}).get(key)
-            if not revision:
-                raise UserError(f"params {PROFILE}.models.revision.{key}: the rehearsal caches the pinned revision")
-            cache_checkpoint(cache, str(models[key]), str(revision), directory)
+            revisions = models.get("revision") or {}
+            if key not in revisions:
+                raise UserError(f"params {PROFILE}.models.revision.{key}: the rehearsal caches the pinned revision "
+                                "(null: the hub's main, as for a model the paper pins no commit of)")
+            # an unpinned model loads the cache's `main`, which names this snapshot
+            cache_checkpoint(cache, str(models[key]), str(revisions[key] or UNPINNED_REVISION), directory)
         encoder = params["world"]["shortlist"]["encoder"]
         if encoder != "tfidf":
             cache_checkpoint(cache, encoder, ENCODER_REVISION, write_encoder(Path(tmp) / "encoder", texts))
