@@ -104,14 +104,15 @@ def test_a_list_of_references_draws_the_first_a_numbers_file_holds(registry, res
     """A bar that two results can hold (the paper's seed grid, the cell a one-seed profile computes) draws the
     first one present; a gap is reported for each reference only when none is."""
     held = json.loads((results / "R-C1.json").read_text())["values"]["p1_event_count"]["value"]
-    spec = {"title": "first of", "reads": ["R-C1", "R-C15"], "panels": [{"kind": "bars", "bars": [
-        {"label": "grid, else own", "value": ["R-C15.qwq_knockin_top40_p1", "R-C1.p1_event_count"]},
-        {"label": "neither", "value": ["R-C15.qwq_knockin_top40_p1", "R-C15.qwq_knockin_top40_p2c"]}]}]}
+    spec = {"title": "first of", "reads": ["R-C1", "R-D37"], "panels": [{"kind": "bars", "bars": [
+        {"label": "grid, else own", "value": ["R-D37.mq_mistill_minus_vanilla_recovery", "R-C1.p1_event_count"]},
+        {"label": "neither", "value": ["R-D37.mq_mistill_minus_vanilla_recovery",
+                                       "R-D37.mq_mistill_minus_randheads_recovery"]}]}]}
     templates = _templates_with(tmp_path, "zz-first", spec)
     report = render(registry, results, tmp_path / "build", templates=templates)
     fig = next(f for f in report.figures.figures if f.name == "zz-first")
     assert fig.drawn == 1 and held > 0
-    assert fig.missing == ["R-C15.qwq_knockin_top40_p1", "R-C15.qwq_knockin_top40_p2c"]
+    assert fig.missing == ["R-D37.mq_mistill_minus_randheads_recovery", "R-D37.mq_mistill_minus_vanilla_recovery"]
     with pytest.raises(UserError, match="an empty list of number references"):
         render(registry, results, tmp_path / "again",
                templates=_templates_with(tmp_path / "e", "zz-empty", {**spec, "panels": [
