@@ -33,6 +33,21 @@ def test_family_table_sums_matrix_items_and_totals():
     assert table[-1] == "| **total** | 3 | **60.0** (1.0 min) | 100% | 2.5 |"
 
 
+def test_between_stages_is_the_gaps_from_each_end_to_the_next_start():
+    times = st.latest_runs([_line("inventory", 2.0, started="2026-12-01T00:00:00.000+00:00"),
+                            _line("EV@a", 5.0, started="2026-12-01T00:00:10.500+00:00"),    # gap 8.5
+                            _line("EV@a", 1.0, started="2026-12-01T00:00:15.600+00:00"),    # same stage
+                            _line("R-D1", 0.5, started="2026-12-01T00:00:20.000+00:00"),    # gap 20 - (10.5 + 6)
+                            _line("R-D2", 0.5, started="2026-12-01T01:00:00+00:00"),        # another repro
+                            _line("R-D5", 3.0, started="2026-12-01T01:00:00+00:00")])       # whole seconds
+    between = st.between_stages(times)
+    assert between.gaps_s == pytest.approx((8.5, 3.5, 0.0))
+    assert between.pauses == 1 and between.commands_s == pytest.approx(12.0)
+    assert between.sentence() == ("Between stages DVC itself took 0.2 min (3 gaps, median 3.5 s; 1 pause(s) over "
+                                  "10 min left out); with the commands' 0.2 min, the run took 0.4 min.")
+    assert st.between_stages(times[:1]).sentence() == "One stage: no time between stages."
+
+
 def test_entry_point_records_only_under_dvc(tmp_path, monkeypatch, capsys):
     monkeypatch.chdir(tmp_path)
     monkeypatch.delenv("DVC_STAGE", raising=False)
@@ -62,6 +77,7 @@ def test_readme_table_is_rewritten_between_markers_only(tmp_path, monkeypatch, c
     text = readme.read_text()
     assert text.startswith("intro\n") and text.endswith(f"{st.README_END}\noutro\n") and "old table" not in text
     assert "| inventory | 1 | 2.0 | 67% | 1.0 |" in text
+    assert "Between stages DVC itself took 0.0 min (1 gaps, median 0.0 s)" in text
     readme.write_text("no markers\n")
     assert main(["repro", "stage-times", "--log", str(log), "--readme", str(readme)]) == 2
     assert "no markers for this table" in capsys.readouterr().err

@@ -8,8 +8,10 @@ time, thread count). The log is machine-local and untracked, like the rest of `.
 
 `mistill repro stage-times` reads the log back: a stage's time is its latest run, that is the last
 contiguous block of its lines (a stage of several commands writes several lines in a row), and the
-table lists stages in the order they ran. `--readme` rewrites README's table between its markers,
-so the table README shows is generated, never typed.
+table lists stages in the order they ran. Below it, the time DVC itself spends between stages
+(hashing outputs, committing them to the cache, rewriting `dvc.lock`, checking the next stage): the
+gap from one stage's end to the next one's start, which no command can time. `--readme` rewrites
+README's table between its markers, so the table README shows is generated, never typed.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import statistics
 import sys
 import time
 from contextlib import contextmanager
@@ -46,7 +49,7 @@ def recorded(argv: list[str]):
     # under torchrun the stage is one command on several processes: rank 0 records it
     stage = os.environ.get("DVC_STAGE") if os.environ.get("RANK", "0") == "0" else None
     start_wall, start_cpu = time.perf_counter(), time.process_time()
-    started = datetime.now(timezone.utc).isoformat(timespec="seconds")
+    started = datetime.now(timezone.utc).isoformat(timespec="milliseconds")
     yield
     if not stage:
         return
@@ -73,6 +76,47 @@ class StageTime:
     def family(self) -> str:
         """The stage without its matrix item (`EV-mistill@qwen-bf16-0` -> `EV-mistill`)."""
         return self.stage.split("@", 1)[0]
+
+    @property
+    def start(self) -> float:
+        return datetime.fromisoformat(self.started).timestamp()
+
+
+# A gap longer than this is a pause or another `dvc repro`, not DVC's work between two stages.
+PAUSE_S = 600.0
+
+
+@dataclass(frozen=True)
+class BetweenStages:
+    """DVC's own time: the gaps between consecutive stages of the log, pauses left out."""
+
+    gaps_s: tuple[float, ...]
+    pauses: int
+    commands_s: float
+
+    @property
+    def total_s(self) -> float:
+        return sum(self.gaps_s)
+
+    def sentence(self) -> str:
+        if not self.gaps_s:
+            return "One stage: no time between stages."
+        median = statistics.median(self.gaps_s)
+        paused = f"; {self.pauses} pause(s) over {PAUSE_S / 60:.0f} min left out" if self.pauses else ""
+        return (f"Between stages DVC itself took {self.total_s / 60:.1f} min ({len(self.gaps_s)} gaps, median "
+                f"{median:.1f} s{paused}); with the commands' {self.commands_s / 60:.1f} min, the run took "
+                f"{(self.commands_s + self.total_s) / 60:.1f} min.")
+
+
+def between_stages(times: list[StageTime]) -> BetweenStages:
+    """Gap from each stage's end (start + wall) to the next stage's start, in the order they ran.
+
+    Logs written before starts had milliseconds hold whole seconds: a gap below zero is read as none.
+    """
+    ordered = sorted(times, key=lambda t: t.start)
+    gaps = [max(0.0, b.start - (a.start + a.wall_s)) for a, b in zip(ordered, ordered[1:])]
+    return BetweenStages(gaps_s=tuple(g for g in gaps if g <= PAUSE_S), pauses=sum(g > PAUSE_S for g in gaps),
+                         commands_s=sum(t.wall_s for t in times))
 
 
 def latest_runs(lines: list[dict]) -> list[StageTime]:
@@ -142,9 +186,10 @@ def register(subparsers) -> None:
 
 def cmd_stage_times(args) -> int:
     times = latest_runs(read_log(args.log or log_path(".")))
+    between = between_stages(times).sentence()
     if args.readme:
-        replace_in_readme(args.readme, markdown_table(times, by_family=True))
+        replace_in_readme(args.readme, f"{markdown_table(times, by_family=True)}\n\n{between}")
         print(f"{args.readme}: stage-times table rewritten ({len(times)} stages)")
     else:
-        print(markdown_table(times, by_family=args.by_family))
+        print(f"{markdown_table(times, by_family=args.by_family)}\n\n{between}")
     return 0
