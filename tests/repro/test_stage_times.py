@@ -26,11 +26,13 @@ def test_a_stage_is_its_last_contiguous_block_in_the_order_it_ran():
 
 def test_family_table_sums_matrix_items_and_totals():
     times = st.latest_runs([_line("DT-000@qwen-bf16-0", 30.0), _line("DT-000@smol-bf16-0", 10.0),
-                            _line("R-D6", 20.0, cpu=0.5)])
+                            _line("R-D6", 15.0, cpu=0.5), _line("R-C12", 5.0), _line("R-D6-extra", 20.0)])
     table = st.markdown_table(times, by_family=True).splitlines()
-    assert table[2] == "| DT-000 | 2 | 40.0 | 67% | 2.0 |"
-    assert table[3] == "| R-D6 | 1 | 20.0 | 33% | 0.5 |"
-    assert table[-1] == "| **total** | 3 | **60.0** (1.0 min) | 100% | 2.5 |"
+    assert table[2] == "| DT-000 | 2 | 40.0 | 50% | 2.0 |"
+    assert table[3] == "| readers (R-C*, R-D*) | 2 | 20.0 | 25% | 1.5 |"     # results' readers summed
+    assert table[4] == "| R-D6-extra | 1 | 20.0 | 25% | 1.0 |"
+    assert table[-1] == "| **total** | 5 | **80.0** (1.3 min) | 100% | 4.5 |"
+    assert "| R-D6 | 15.0 | 19% | 0.5 |" in st.markdown_table(times)     # per stage: each reader
 
 
 def test_between_stages_is_the_gaps_from_each_end_to_the_next_start():
@@ -76,7 +78,7 @@ def test_readme_table_is_rewritten_between_markers_only(tmp_path, monkeypatch, c
     assert main(["repro", "stage-times", "--log", str(log), "--readme", str(readme)]) == 0
     text = readme.read_text()
     assert text.startswith("intro\n") and text.endswith(f"{st.README_END}\noutro\n") and "old table" not in text
-    assert "| inventory | 1 | 2.0 | 67% | 1.0 |" in text
+    assert "| inventory | 1 | 2.0 | 67% | 1.0 |" in text and "| readers (R-C*, R-D*) | 1 | 1.0 | 33% | 1.0 |" in text
     assert "Between stages DVC itself took 0.0 min (1 gaps, median 0.0 s)" in text
     readme.write_text("no markers\n")
     assert main(["repro", "stage-times", "--log", str(log), "--readme", str(readme)]) == 2
