@@ -21,7 +21,6 @@ teacher's readers (R-C3, R-C4, R-C6), unchanged, and keeps App. H's numbers unde
 
 from __future__ import annotations
 
-import importlib.util
 from pathlib import Path
 
 import numpy as np
@@ -30,6 +29,7 @@ from mistill.errors import UserError
 from mistill.instrument.global_sets import load_head_sets, phase_scores, ranking
 from mistill.instrument.readout import HEAD_NAME, PHASES, head_index, run_reader, value
 from mistill.locus.passes import LocusSettings
+from mistill.repro.reader_module import load_reader
 from mistill.stats import StatsParams, bootstrap_mean
 
 READER = "readers/r_c15.py"
@@ -40,11 +40,7 @@ ROLES = ("exact_p2c_top", "exact_p2c_second")
 
 def first_teacher_reader(name: str):
     """The first teacher's reader `name` (r_c3, r_c4, r_c6), loaded from beside this file."""
-    path = Path(__file__).with_name(f"{name}.py")
-    spec = importlib.util.spec_from_file_location(f"mistill_reader_{name}", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_reader(Path(__file__).with_name(f"{name}.py"))
 
 
 def second_teacher_params(params: dict) -> dict:

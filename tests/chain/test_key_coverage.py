@@ -11,7 +11,6 @@ with the passes' own summary functions, where the keys it writes must be exactly
 from __future__ import annotations
 
 import copy
-import importlib.util
 import json
 from pathlib import Path
 
@@ -30,6 +29,7 @@ from mistill.instrument.knockin import SET_KINDS, exact_refinement, summarize
 from mistill.io import write_json, write_jsonl
 from mistill.params import load_params
 from mistill.repro.check import NOT_REPRODUCED, PASS, run_check
+from mistill.repro.reader_module import load_reader
 from mistill.repro.registry import load_registry
 from mistill.repro.text_fields import artifact_problem, statistic_problem
 from mistill.stats import StatsParams
@@ -45,11 +45,7 @@ PHASES = ("P1", "P2", "P2C")
 
 def reader(result_id: str):
     """The reader module registry.yaml names for a result."""
-    path = REPO / REGISTRY.results[result_id].reader
-    spec = importlib.util.spec_from_file_location(f"reader_{path.stem}", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_reader(REPO / REGISTRY.results[result_id].reader)
 
 
 # ---- the key lists against the paper's keys ------------------------------------------------------------

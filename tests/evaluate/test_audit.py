@@ -226,14 +226,11 @@ def test_frame_sheet_labels_and_readout_agree_with_the_generators_truth(tmp_path
 
 
 def _reader():
-    import importlib.util
     from pathlib import Path
 
-    path = Path(__file__).resolve().parents[2] / "readers" / "r_c9.py"
-    spec = importlib.util.spec_from_file_location("reader_r_c9", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    from mistill.repro.reader_module import load_reader
+
+    return load_reader(Path(__file__).resolve().parents[2] / "readers" / "r_c9.py")
 
 
 def test_table24_reads_match_the_arms_realised_events_by_hand(tmp_path):

@@ -291,14 +291,11 @@ def test_row_keys_find_the_evidence_tokens_of_the_note_in_its_chat_prompt():
 
 
 def _reader(name):
-    import importlib.util
     from pathlib import Path
 
-    path = Path(__file__).resolve().parents[2] / "readers" / f"{name}.py"
-    spec = importlib.util.spec_from_file_location(f"reader_{name}", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    from mistill.repro.reader_module import load_reader
+
+    return load_reader(Path(__file__).resolve().parents[2] / "readers" / f"{name}.py")
 
 
 def test_r_d34_reads_target_minus_sham_the_interaction_and_the_offset_by_hand(tmp_path):

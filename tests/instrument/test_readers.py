@@ -64,13 +64,10 @@ def test_r_c1_counts_match_the_events(reader_root, world):
 
 @pytest.mark.parametrize("reader", ["r_c1.py", "r_c2.py", "r_c3.py", "r_c4.py"])
 def test_readers_write_only_keys_they_list(reader_root, reader, monkeypatch):
-    import importlib.util
-
     from mistill.params import load_params
+    from mistill.repro.reader_module import load_reader
 
-    spec = importlib.util.spec_from_file_location(f"reader_{reader[:-3]}", ROOT / "readers" / reader)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
+    module = load_reader(ROOT / "readers" / reader)
     monkeypatch.chdir(reader_root)
     params = load_params(reader_root / "params.yaml")
     values, _ = module.compute_values(params)

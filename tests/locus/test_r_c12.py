@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import copy
-import importlib.util
 
 import numpy as np
 import pytest
@@ -12,15 +11,13 @@ from scipy.stats import wilcoxon
 from mistill.errors import UserError
 from mistill.io import write_json
 from mistill.params import load_params
+from mistill.repro.reader_module import load_reader
 from mistill.repro.registry import load_registry
 from tests.repro.repro_helpers import REPO
 
 
 def _reader():
-    spec = importlib.util.spec_from_file_location("reader_r_c12", REPO / "readers" / "r_c12.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_reader(REPO / "readers" / "r_c12.py")
 
 
 def _row(clean, prose, random, sustained, emission, forced):

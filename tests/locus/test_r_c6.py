@@ -4,7 +4,6 @@ against scipy, and exactly the paper's keys (less the one the registry says no s
 from __future__ import annotations
 
 import copy
-import importlib.util
 
 import numpy as np
 import pytest
@@ -14,6 +13,7 @@ from mistill.instrument.global_sets import head_sets
 from mistill.io import write_json, write_npz
 from mistill.locus.passes import LocusSettings, ablation_sets
 from mistill.params import load_params
+from mistill.repro.reader_module import load_reader
 from mistill.repro.registry import load_registry
 from tests.repro.repro_helpers import REPO
 
@@ -21,10 +21,7 @@ L = H = 40
 
 
 def _reader():
-    spec = importlib.util.spec_from_file_location("reader_r_c6", REPO / "readers" / "r_c6.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_reader(REPO / "readers" / "r_c6.py")
 
 
 def _mention(event, outcome, distance, *, jump=None, first=False, own=False, start=False, probes=5):

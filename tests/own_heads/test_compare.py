@@ -4,7 +4,6 @@ per-note recovery by hand; the compare command and the R-D6 reader on hand-made 
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import json
 from pathlib import Path
 
@@ -16,6 +15,7 @@ from mistill.errors import UserError
 from mistill.evaluate import compare as cmp
 from mistill.evaluate import own_heads_commands
 from mistill.io import write_json, write_jsonl
+from mistill.repro.reader_module import load_reader
 from mistill.stats import StatsParams, bootstrap_mean
 
 REPO = Path(__file__).resolve().parents[2]
@@ -138,9 +138,7 @@ def test_compare_command_writes_its_json(arms, monkeypatch, capsys):
 
 
 def test_reader_values_and_numbers_file(arms, monkeypatch):
-    spec = importlib.util.spec_from_file_location("r_d6", REPO / "readers" / "r_d6.py")
-    reader = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(reader)
+    reader = load_reader(REPO / "readers" / "r_d6.py")
     write_json(arms / "HD-002" / "faithfulness2.json",
                {"phases": {"P2C": {"bins": {"8": {"knockin": {"top": {"median": 0.8}}}}}}})
     params = _params(arms)
@@ -168,9 +166,7 @@ def test_reader_values_and_numbers_file(arms, monkeypatch):
 
 def test_reader_writes_table3_cells_of_every_arm_row_and_seed(tmp_path):
     """Per-seed medians over notes per phase, the P2C read-side panel per seed and their means, by hand."""
-    spec = importlib.util.spec_from_file_location("r_d6", REPO / "readers" / "r_d6.py")
-    reader = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(reader)
+    reader = load_reader(REPO / "readers" / "r_d6.py")
     notes = [f"n{i}" for i in range(5)]
     for seed, recovery, panel in ((0, [0.1, 0.2, 0.3, 0.4, 0.5], {"lift": 1.4, "share_prefix": 0.02}),
                                   (1, [0.9, 0.5, 0.6, 0.8, 0.7], {"lift": 1.6, "share_prefix": 0.04})):

@@ -2,24 +2,20 @@
 
 from __future__ import annotations
 
-import importlib.util
 from pathlib import Path
 
 import numpy as np
 import pytest
 
 from mistill.io import write_json, write_jsonl
+from mistill.repro.reader_module import load_reader
 
 REPO = Path(__file__).resolve().parents[2]
 ARMS = {"qwen_mistill": "student-qwen-mistill-bf16", "qwen_vanilla_bf16": "student-qwen-vanilla-bf16"}
 
 
 def reader():
-    path = REPO / "readers" / "r_d28.py"
-    spec = importlib.util.spec_from_file_location("reader_r_d28", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_reader(REPO / "readers" / "r_d28.py")
 
 
 def _row(pos, identity, filler, unrelated, other, ablated=None):

@@ -10,7 +10,6 @@ readers' values against direct computations from the rows.
 from __future__ import annotations
 
 import copy
-import importlib.util
 import json
 from pathlib import Path
 
@@ -29,17 +28,14 @@ from mistill.instrument.passes import (
 from mistill.instrument.read_passes import ReadSide, run_edits, run_keys, run_readside, teacher_panel
 from mistill.instrument.readside import CAT, REGION_CATEGORIES
 from mistill.io import read_jsonl, write_jsonl
+from mistill.repro.reader_module import load_reader
 
 REPO = Path(__file__).resolve().parents[2]
 NAMED = {"region_readers": ["l0h1", "l1h2"], "prose_readers": ["l1h0", "l0h3"], "contrastive_readers": ["l1h3", "l0h2"]}
 
 
 def reader(result_id: str):
-    path = REPO / "readers" / f"r_{result_id[2:].lower()}.py"
-    spec = importlib.util.spec_from_file_location(f"reader_{path.stem}", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_reader(REPO / "readers" / f"r_{result_id[2:].lower()}.py")
 
 
 @pytest.fixture(scope="module")

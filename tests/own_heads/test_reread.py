@@ -4,7 +4,6 @@ the own-heads chain's --heads-from and --out-root; the R-D16 reader."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import shutil
 from pathlib import Path
@@ -25,6 +24,7 @@ from mistill.evaluate.reread import (
     same_top_k_phases,
 )
 from mistill.io import read_jsonl, write_json, write_jsonl
+from mistill.repro.reader_module import load_reader
 from tests.own_heads.test_compare import STATS, _params, write_m6
 
 REPO = Path(__file__).resolve().parents[2]
@@ -124,9 +124,7 @@ def test_heads_from_refuses_the_attribution_stage_and_a_missing_ranking(tmp_path
 
 
 def test_reader_writes_every_key_from_three_reads(first, tmp_path, monkeypatch):
-    spec = importlib.util.spec_from_file_location("r_d16", REPO / "readers" / "r_d16.py")
-    reader = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(reader)
+    reader = load_reader(REPO / "readers" / "r_d16.py")
     shutil.copytree(first.root, tmp_path / "gate")
     base = cmp.note_recovery(cmp.knockin_rows(first.m6), phase="P2C", set_kind="top", k=4)
     read_of(tmp_path / "second", {n: v + 0.001 for n, v in base.items()})

@@ -18,6 +18,7 @@ import pytest
 
 from mistill.rehearsal.build import TARGETS
 from mistill.repro.check import ERROR, FAIL, NO_EXPECTED, NOT_REPRODUCED, PASS, run_check
+from mistill.repro.reader_module import load_reader
 from mistill.repro.registry import load_registry
 from tests.repro.repro_helpers import REPO
 
@@ -116,7 +117,6 @@ def test_check_reports_every_paper_key_and_crashes_on_none(rehearsed):
 
 
 def test_the_read_side_results_carry_the_keys_their_readers_list(rehearsed):
-    import importlib.util
 
     from mistill.params import load_params
 
@@ -124,9 +124,7 @@ def test_the_read_side_results_carry_the_keys_their_readers_list(rehearsed):
     params = load_params(rehearsal.root / "params.yaml", profile="rehearsal")
     for rid in HEAD_NAMED_IDS:
         path = rehearsal.root / "readers" / f"r_{rid[2:].lower()}.py"
-        spec = importlib.util.spec_from_file_location(f"rehearsal_{path.stem}", path)
-        module = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(module)
+        module = load_reader(path)
         produced = json.loads((rehearsal.root / "results" / f"{rid}.json").read_text())
         assert produced["profile"] == "rehearsal" and produced["values"], rid
         assert set(produced["values"]) <= set(module.keys(params)), (rid, sorted(set(produced["values"])
