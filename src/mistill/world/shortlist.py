@@ -125,9 +125,10 @@ class TransformerEncoder:
     Texts are cut at the model's own `max_seq_length` (sentence-transformers'
     `sentence_bert_config.json`) when the directory has one, else at 512
     tokens.  `dtype="float64"` runs the encoder in double precision: CPUs with
-    other SIMD kernels sum in other orders, and in float32 that moves scores by
-    about 1e-7, enough to swap two codes at the shortlist's cut; in float64 the
-    difference (about 1e-16) stays far below the scores' rounding.
+    other SIMD kernels sum in other orders, and in float32 that moves rows by
+    about 1e-7, which swaps two codes at the shortlist's cut whenever their
+    scores are that close; in float64 the difference (about 1e-16) stays far
+    below the scores' rounding (SCORE_DECIMALS).
     """
 
     def __init__(self, model_id: str, *, dtype: str = "float32", max_length: int | None = None,
