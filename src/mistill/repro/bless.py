@@ -121,10 +121,10 @@ def bless(registry: Registry, ids: list[str], *, profile: str, results_dir: str 
                 if any(not low <= float(v) <= high for v in values):
                     # a ratio the calibration saw below its kind's bound (a lift under 1) is unbounded after all
                     entry["descriptive"]["range"] = kind_range(entry["kind"], [low, high, *map(float, values)])
+            if "null_interval" in old.get(key, {}) and says_null(key, number["value"]):
+                entry["null_interval"] = old[key]["null_interval"]   # the same, while the interval still says null
             if "tolerance" in old.get(key, {}):
                 entry["tolerance"] = old[key]["tolerance"]
-                if "null_interval" in old[key] and says_null(key, number["value"]):
-                    entry["null_interval"] = old[key]["null_interval"]   # ... while the interval still says null
                 if str(old[key]["tolerance"].get("basis", "")).startswith("invariant"):
                     # an invariant's expected value is the invariant itself, not the run's rounding error
                     entry.update(value=old[key]["value"], kind=old[key].get("kind", entry["kind"]),

@@ -194,7 +194,7 @@ def mark(entry: dict[str, Any], c: CalibratedValue) -> None:
         entry["descriptive"] = {"range": c.range, "why": DESCRIPTIVE_WHY}
 
 
-def _calibratable(registry: Registry, profile: str) -> tuple[Path, dict[str, Any]]:
+def calibratable_expected(registry: Registry, profile: str) -> tuple[Path, dict[str, Any]]:
     """The profile's expected-values file and its contents, if its goldens may be calibrated from this tree."""
     from mistill.repro.bless import refuse_uncommitted_code
 
@@ -209,7 +209,7 @@ def _calibratable(registry: Registry, profile: str) -> tuple[Path, dict[str, Any
 
 def apply_calibration(registry: Registry, profile: str, spread_path: Path) -> list[CalibratedValue]:
     """Write the calibrated tolerances of `spread_path` into results/expected/<profile>.yaml."""
-    data_path, data = _calibratable(registry, profile)
+    data_path, data = calibratable_expected(registry, profile)
     calibration = read_json(spread_path, "calibration spreads")
     spreads = []
     for rid, keys in calibration["values"].items():
@@ -246,11 +246,11 @@ def apply_calibration(registry: Registry, profile: str, spread_path: Path) -> li
         "machine": f"{platform.node()} ({platform.machine()}, {os.cpu_count()} CPUs)",
         "date": dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
     }
-    _write_expected(registry, profile, data_path, data)
+    write_expected(registry, profile, data_path, data)
     return calibrated
 
 
-def _write_expected(registry: Registry, profile: str, data_path: Path, data: dict[str, Any]) -> None:
+def write_expected(registry: Registry, profile: str, data_path: Path, data: dict[str, Any]) -> None:
     from mistill.repro.bless import HEADER
 
     text = yaml.safe_dump(data, sort_keys=False, allow_unicode=True, width=120, default_flow_style=None)
@@ -263,7 +263,7 @@ def _write_expected(registry: Registry, profile: str, data_path: Path, data: dic
 def remark_null_intervals(registry: Registry, profile: str) -> list[CalibratedValue]:
     """The null-interval marks of the values the last calibration set, derived again from the expected
     values alone (`calibrate apply --marks-only`); tolerances and other values are left as they are."""
-    data_path, data = _calibratable(registry, profile)
+    data_path, data = calibratable_expected(registry, profile)
     marked = []
     for rid, keys in data["expected"].items():
         for key, entry in keys.items():
@@ -273,12 +273,12 @@ def remark_null_intervals(registry: Registry, profile: str) -> list[CalibratedVa
                 mark(entry, c)
                 marked.append(c)
     if marked:
-        _write_expected(registry, profile, data_path, data)
+        write_expected(registry, profile, data_path, data)
     return marked
 
 
 def register(subparsers) -> None:
-    """`mistill repro calibrate run | apply`."""
+    """`mistill repro calibrate run | apply | machine`."""
     cal = subparsers.add_parser("calibrate", help="tolerances from replicates of the distillation chain",
                                 description="run: rerun the chain once per replicate (params calibration) and "
                                 "write <out>/spread.json (the stage CAL of calibration/dvc.yaml runs this); "
@@ -294,6 +294,11 @@ def register(subparsers) -> None:
                        help="derive the null-interval marks of the calibrated values again from the expected "
                             "values alone (no spread file, no tolerance changes)")
     apply.set_defaults(func=cmd_apply)
+    machine = verbs.add_parser("machine", help="mark the values a run on another machine moved that no replicate "
+                               "measured (second_machine.py)")
+    machine.add_argument("run", type=Path, help="the run's directory: machine.yaml and results/R-*.json")
+    machine.add_argument("--dry-run", action="store_true", help="print what would be marked, write nothing")
+    machine.set_defaults(func=cmd_machine)
 
 
 def cmd_run(args) -> int:
@@ -355,6 +360,32 @@ def cmd_apply(args) -> int:
     if args.readme is not None:
         _rewrite_readme(args.readme, registry, params["profile"], config.results)
     return 1 if failed else 0
+
+
+def cmd_machine(args) -> int:
+    from mistill.params import load_params
+    from mistill.repro.registry import load_registry
+    from mistill.repro.registry_md import write_registry_md
+    from mistill.repro.replicates import CalibrationConfig
+    from mistill.repro.second_machine import KEPT, MachineRun, apply_machine_run, measure_moves
+
+    params = load_params()
+    multiple = CalibrationConfig.from_params(params).multiple
+    registry = load_registry()
+    run = MachineRun.load(args.run)
+    if args.dry_run:
+        moves = measure_moves(registry, params["profile"], run, multiple)
+    else:
+        moves = apply_machine_run(registry, params["profile"], run, multiple)
+        write_registry_md(registry)
+    for m in moves:
+        if m.outcome != KEPT:
+            print(f"{m.result_id}.{m.key}: moved {m.move:.3g} (tolerance {m.allowed:.3g}): {m.outcome}")
+    marked = [m for m in moves if m.outcome != KEPT]
+    verb = "would mark" if args.dry_run else "marked"
+    print(f"{run.name} ({run.cpu}): {len(moves)} unmeasured values compared, {sum(m.move > 0 for m in moves)} moved, "
+          f"{len(moves) - len(marked)} kept (moved at most 1/{multiple:g} of their tolerance), {verb} {len(marked)}")
+    return 0
 
 
 def _rewrite_readme(readme: Path, registry: Registry, profile: str, results: tuple[str, ...]) -> None:

@@ -1,0 +1,160 @@
+"""A second machine's run: the values it moved that no replicate has measured are only described.
+
+The replicates (`replicates.py`) size the tolerances of the results they rerun: the main arms of
+the distillation chain. The rest of the chain is not rerun by them (a replicate of the grid would be
+the whole grid, hours per replicate on two cores), so those values keep their class tolerances, which
+were never measured against anything. The evidence for them is a whole run of the chain on a machine
+of another CPU type: a fresh clone's numbers files, committed under
+``calibration/machines/<name>/results`` beside ``machine.yaml`` (the CPU, the commit, the command).
+
+One run cannot size a tolerance. If two machines' deviations from the golden are independent and
+alike, the chance that a third machine's deviation exceeds ``m`` times the one run's is
+``(2/pi) arctan(1/m)``: about one in six for ``m = 4``, for every value. What one run can show is
+that a value moves. So, per expected value that carries no calibrated tolerance, no invariant basis
+and no mark yet, with ``move = max over elements |other_e - golden_e|``:
+
+* ``multiple * move <= allowed(golden)``: kept. Its class tolerance is at least `multiple` times the
+  distance the other machine moved it (`multiple` is the calibration's, params
+  ``calibration.multiple``), the margin the replicates would have asked for.
+* otherwise, a 95% interval of a difference that contains zero on both machines: a *null interval*,
+  checked for still containing zero (calibration.py says why);
+* otherwise: *descriptive*, checked for presence and for the range its kind allows, with the move
+  in its ``why``, until the replicates measure its spread.
+
+A value the other machine did not produce is left as it is; a numbers file of another profile is an
+error. `mistill repro calibrate machine <dir>` applies the rule and records the run in the expected
+values' ``meta.machines``; a later `bless` keeps the marks (bless.py), as it keeps the calibration's.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import math
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from mistill.errors import UserError
+from mistill.io import code_version
+from mistill.repro.calibration import (
+    CALIBRATED,
+    NULL_WHY,
+    calibratable_expected,
+    kind_range,
+    write_expected,
+)
+from mistill.repro.numbers import read_numbers
+from mistill.repro.registry import Expected, Registry
+from mistill.repro.tolerance import flatten, says_null, shape
+
+MACHINE_FILE = "machine.yaml"
+KEPT, NULL, DESCRIPTIVE = "kept", "null interval", "descriptive"
+
+
+@dataclass(frozen=True)
+class MachineRun:
+    """A whole run of the chain on another machine: where its numbers files are and what it ran on."""
+
+    name: str
+    results: Path
+    cpu: str
+    code_version: str
+    command: str
+
+    @classmethod
+    def load(cls, directory: Path) -> MachineRun:
+        path = directory / MACHINE_FILE
+        if not path.is_file():
+            raise UserError(f"{directory}: no {MACHINE_FILE} (cpu, code_version, command of the run)")
+        with path.open(encoding="utf-8") as fh:
+            meta = yaml.safe_load(fh) or {}
+        missing = [k for k in ("cpu", "code_version", "command") if not meta.get(k)]
+        if missing:
+            raise UserError(f"{path}: missing {', '.join(missing)}")
+        results = directory / "results"
+        if not sorted(results.glob("R-*.json")):
+            raise UserError(f"{results}: no numbers files (R-*.json) of the run")
+        return cls(directory.name, results, str(meta["cpu"]), str(meta["code_version"]), str(meta["command"]))
+
+
+@dataclass(frozen=True)
+class MachineMove:
+    """What the other machine did to one expected value, and what the rule makes of it."""
+
+    result_id: str
+    key: str
+    move: float
+    allowed: float
+    outcome: str                   # KEPT, NULL or DESCRIPTIVE
+    range: list[float] | None = None
+
+
+def unmeasured(exp: Expected) -> bool:
+    """A value the rule may mark: no calibrated tolerance, no invariant, no mark yet."""
+    basis = exp.tolerance.basis
+    return not (basis.startswith(CALIBRATED) or basis.startswith("invariant")
+                or exp.descriptive is not None or exp.null_interval_why is not None)
+
+
+def judge(exp: Expected, other: Any, multiple: float) -> MachineMove | None:
+    """The rule of the module docstring for one value; None when the other value is not comparable
+    (another shape, or not numbers), which the check of that run reports as it is."""
+    golden, got = flatten(exp.value), flatten(other)
+    if golden is None or got is None or shape(other) != shape(exp.value):
+        return None
+    move = max((abs(g - o) for g, o in zip(golden, got)), default=0.0)
+    if math.isnan(move):
+        return None
+    if exp.tolerance.interval is not None:          # an absolute range: the move is judged against its width
+        allowed = (exp.tolerance.interval[1] - exp.tolerance.interval[0]) / 2
+    else:
+        allowed = min(exp.tolerance.allowed(g) for g in golden) if golden else 0.0
+    if multiple * move <= allowed:
+        return MachineMove(exp.result_id, exp.key, move, allowed, KEPT)
+    if says_null(exp.key, exp.value) and says_null(exp.key, other):
+        return MachineMove(exp.result_id, exp.key, move, allowed, NULL)
+    return MachineMove(exp.result_id, exp.key, move, allowed, DESCRIPTIVE,
+                       kind_range(exp.kind, golden + got))
+
+
+def measure_moves(registry: Registry, profile: str, run: MachineRun, multiple: float) -> list[MachineMove]:
+    """One MachineMove per unmeasured expected value that the other machine produced."""
+    expected = registry.expected(profile).values
+    moves = []
+    for path in sorted(run.results.glob("R-*.json")):
+        numbers = read_numbers(path, registry)
+        if numbers.profile != profile:
+            raise UserError(f"{path}: a numbers file of profile {numbers.profile!r}, not {profile!r}")
+        for key, exp in expected.get(numbers.id, {}).items():
+            if key in numbers.values and unmeasured(exp):
+                judged = judge(exp, numbers.values[key]["value"], multiple)
+                if judged is not None:
+                    moves.append(judged)
+    return moves
+
+
+def why(run: MachineRun, m: MachineMove, multiple: float) -> str:
+    return (f"not yet measured by the replicates; a run on {run.name} ({run.cpu}) moved it by {m.move:.3g}, "
+            f"more than 1/{multiple:g} of its tolerance ({m.allowed:.3g}), and one run cannot size a "
+            f"tolerance: checked for presence and range until the replicates measure its spread")
+
+
+def apply_machine_run(registry: Registry, profile: str, run: MachineRun, multiple: float) -> list[MachineMove]:
+    """Mark the values `run` moved in results/expected/<profile>.yaml; return every judged value."""
+    data_path, data = calibratable_expected(registry, profile)
+    moves = measure_moves(registry, profile, run, multiple)
+    for m in moves:
+        entry = data["expected"][m.result_id][m.key]
+        if m.outcome == NULL:
+            entry["null_interval"] = {"why": NULL_WHY}
+        elif m.outcome == DESCRIPTIVE:
+            entry["descriptive"] = {"range": m.range, "why": why(run, m, multiple)}
+    data.setdefault("meta", {}).setdefault("machines", {})[run.name] = {
+        "results": str(run.results), "cpu": run.cpu, "run_code_version": run.code_version, "command": run.command,
+        "applied_code_version": code_version(), "multiple": multiple,
+        "date": dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
+    }
+    write_expected(registry, profile, data_path, data)
+    return moves

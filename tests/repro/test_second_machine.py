@@ -1,0 +1,156 @@
+"""A second machine's run: values it moved that no replicate measured become descriptive; the rest keep their checks."""
+
+import math
+
+import numpy as np
+import pytest
+import yaml
+
+from mistill.cli import main
+from mistill.errors import UserError
+from mistill.repro.check import FAIL, PASS, run_check
+from mistill.repro.registry import Expected, load_registry
+from mistill.repro.second_machine import (
+    DESCRIPTIVE,
+    KEPT,
+    NULL,
+    MachineRun,
+    apply_machine_run,
+    judge,
+    measure_moves,
+)
+from mistill.repro.tolerance import Tolerance
+from tests.repro.repro_helpers import REPO, commit_all, write_fixture
+
+LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+CLASS_TOL = Tolerance(absolute=0.02, relative=0.05, cls="T", basis="class default")
+
+
+def expected(key, value, kind="share", tolerance=CLASS_TOL):
+    return Expected("R-D7", key, value, "share", kind, "T", tolerance)
+
+
+def test_judge_by_hand():
+    # golden 0.5: the class tolerance allows max(0.02, 5% of 0.5) = 0.025
+    kept = judge(expected("level", 0.5), 0.506, 4.0)                 # 4 x 0.006 = 0.024 <= 0.025
+    assert (kept.outcome, kept.move, kept.allowed) == (KEPT, pytest.approx(0.006), pytest.approx(0.025))
+    moved = judge(expected("level", 0.5), 0.507, 4.0)                # 4 x 0.007 = 0.028 > 0.025
+    assert moved.outcome == DESCRIPTIVE and moved.range == [-1.0, 1.0]
+    # per element, the widest move decides; the tightest element's tolerance is the one judged against
+    listed = judge(expected("seeds", [0.1, 0.9]), [0.1, 0.904], 4.0)  # 4 x 0.004 <= min(0.02, 0.045)
+    assert listed.outcome == KEPT and listed.allowed == pytest.approx(0.02)
+    assert judge(expected("seeds", [0.1, 0.9]), [0.106, 0.9], 4.0).outcome == DESCRIPTIVE
+    # an interval containing zero on both machines is a null interval; one that left zero is descriptive
+    assert judge(expected("d_interval", [-0.1, 0.2]), [-0.05, 0.3], 4.0).outcome == NULL
+    assert judge(expected("d_interval", [-0.1, 0.2]), [0.01, 0.3], 4.0).outcome == DESCRIPTIVE
+    # a count: its range is [0, inf); an exact value moves out of its check by any amount
+    count = judge(expected("notes", 19, kind="count", tolerance=Tolerance(cls="T")), 17, 4.0)
+    assert count.outcome == DESCRIPTIVE and count.range == [0.0, math.inf]
+    assert judge(expected("notes", 19, kind="count", tolerance=Tolerance(cls="T")), 19, 4.0).outcome == KEPT
+    # not comparable: another shape, or not numbers
+    assert judge(expected("seeds", [0.1, 0.9]), [0.1], 4.0) is None
+    assert judge(expected("level", 0.5), "n/a", 4.0) is None
+
+
+def test_one_run_cannot_size_a_tolerance():
+    """The docstring's figure: with iid deviations, P(|third| > m |one run|) = (2/pi) arctan(1/m)."""
+    rng = np.random.default_rng(0)
+    one, third = rng.standard_normal((2, 400_000))
+    for m in (1.0, 4.0, 10.0):
+        assert np.mean(np.abs(third) > m * np.abs(one)) == pytest.approx(2 / math.pi * math.atan(1 / m), abs=0.003)
+    assert 2 / math.pi * math.atan(1 / 4) == pytest.approx(0.156, abs=0.001)     # "about one in six"
+
+
+def _demo(**kv):
+    return {k: {"value": v, "statistic": "share", "artifact": "artifacts/M6"} for k, v in kv.items()}
+
+
+GOLDEN = {"qwen_randpos_own_p2c": 0.42, "randboth_minus_randpos": 0.31, "randboth_minus_randpos_interval": [-0.05, 0.6],
+          "qwen_untrained_own_p2c": 0.71, "calibrated_level": 0.4}
+OTHER = {"qwen_randpos_own_p2c": 0.124, "randboth_minus_randpos": 0.53, "randboth_minus_randpos_interval": [-0.01, 0.7],
+         "qwen_untrained_own_p2c": 0.71 + 1e-7, "calibrated_level": 0.1}
+
+
+def _machine(root, values):
+    run = root / "calibration" / "machines" / "other-cpu"
+    write_fixture(run / "results", "R-D7", _demo(**values), profile="demo")
+    (run / "machine.yaml").write_text(yaml.safe_dump({"cpu": "another CPU", "code_version": "abc", "command": "nox"}))
+    return MachineRun.load(run)
+
+
+def test_machine_run_end_to_end_through_check_and_rebless(git_root, monkeypatch):
+    monkeypatch.chdir(git_root)
+    results = git_root / "results"
+    write_fixture(results, "R-D7", _demo(**GOLDEN), profile="demo")
+    assert main(["repro", "bless", "R-D7", "--profile", "demo", "--results", str(results)]) == 0
+    demo_yaml = results / "expected" / "demo.yaml"
+    data = yaml.load(demo_yaml.read_text(), Loader=LOADER)
+    data["expected"]["R-D7"]["calibrated_level"]["tolerance"] = {"absolute": 0.5, "basis": "calibrated: test"}
+    demo_yaml.write_text(yaml.safe_dump(data, sort_keys=False))
+    run = _machine(git_root, OTHER)
+    registry = load_registry(git_root)
+    assert run_check(registry, "demo", run.results, ["R-D7"]).failed      # the class tolerances do not hold there
+    commit_all(git_root)
+
+    moves = {m.key: m for m in apply_machine_run(registry, "demo", run, 4.0)}
+    assert {k: m.outcome for k, m in moves.items()} == {
+        "qwen_randpos_own_p2c": DESCRIPTIVE, "randboth_minus_randpos": DESCRIPTIVE,
+        "randboth_minus_randpos_interval": NULL, "qwen_untrained_own_p2c": KEPT}   # the calibrated one is not judged
+    entries = yaml.load(demo_yaml.read_text(), Loader=LOADER)
+    marked = entries["expected"]["R-D7"]
+    assert marked["qwen_randpos_own_p2c"]["descriptive"]["range"] == [-1.0, 1.0]
+    assert "moved it by 0.296" in marked["qwen_randpos_own_p2c"]["descriptive"]["why"]
+    assert "null_interval" in marked["randboth_minus_randpos_interval"]
+    assert "descriptive" not in marked["qwen_untrained_own_p2c"] and "descriptive" not in marked["calibrated_level"]
+    assert entries["meta"]["machines"]["other-cpu"]["cpu"] == "another CPU"
+
+    registry = load_registry(git_root)
+    assert not run_check(registry, "demo", run.results, ["R-D7"]).failed   # the other machine's run now passes
+    assert not run_check(registry, "demo", results, ["R-D7"]).failed       # and so does the goldens' run
+
+    def verdicts(**values):
+        write_fixture(results, "R-D7", _demo(**{**GOLDEN, **values}), profile="demo")
+        return {ln.key: ln.verdict for ln in run_check(load_registry(git_root), "demo", results, ["R-D7"]).lines}
+
+    assert verdicts(qwen_randpos_own_p2c=0.9)["qwen_randpos_own_p2c"] == PASS              # described, in range
+    assert verdicts(qwen_randpos_own_p2c=1.5)["qwen_randpos_own_p2c"] == FAIL              # out of a share's range
+    assert verdicts(qwen_untrained_own_p2c=0.8)["qwen_untrained_own_p2c"] == FAIL          # kept: still a number
+    assert verdicts(randboth_minus_randpos_interval=[0.1, 0.7])["randboth_minus_randpos_interval"] == FAIL
+
+    write_fixture(results, "R-D7", _demo(**GOLDEN), profile="demo")
+    commit_all(git_root)
+    assert main(["repro", "bless", "R-D7", "--profile", "demo", "--results", str(results)]) == 0
+    kept = load_registry(git_root).expected("demo").values["R-D7"]
+    assert kept["qwen_randpos_own_p2c"].descriptive == (-1.0, 1.0)
+    commit_all(git_root)
+    again = apply_machine_run(load_registry(git_root), "demo", run, 4.0)     # marked values are not judged twice
+    assert {m.key for m in again} == {"qwen_untrained_own_p2c"}
+
+
+def test_machine_run_refuses_bad_input(tmp_path, git_root, monkeypatch):
+    monkeypatch.chdir(git_root)
+    run = tmp_path / "run"
+    run.mkdir()
+    with pytest.raises(UserError, match="machine.yaml"):
+        MachineRun.load(run)
+    (run / "machine.yaml").write_text("cpu: x\n")
+    with pytest.raises(UserError, match="code_version, command"):
+        MachineRun.load(run)
+    (run / "machine.yaml").write_text("cpu: x\ncode_version: y\ncommand: z\n")
+    with pytest.raises(UserError, match="no numbers files"):
+        MachineRun.load(run)
+    write_fixture(run / "results", "R-D7", _demo(**GOLDEN), profile="paper")
+    write_fixture(git_root / "results", "R-D7", _demo(**GOLDEN), profile="demo")
+    commit_all(git_root)
+    assert main(["repro", "bless", "R-D7", "--profile", "demo", "--results", str(git_root / "results")]) == 0
+    with pytest.raises(UserError, match="profile 'paper', not 'demo'"):
+        measure_moves(load_registry(git_root), "demo", MachineRun.load(run), 4.0)
+
+
+def test_the_committed_second_machine_run_passes_the_committed_checks(registry):
+    """The run on another CPU type (calibration/machines) holds against the demo's expected values: every value
+    it moved beyond a quarter of its tolerance carries its mark, so a re-bless cannot silently drop one."""
+    run = MachineRun.load(REPO / "calibration" / "machines" / "xeon-avx512-amx")
+    report = run_check(registry, "demo", run.results)
+    assert not report.failed, [f"{ln.result_id}.{ln.key}: {ln.detail}" for ln in report.lines if ln.fails]
+    assert [m for m in measure_moves(registry, "demo", run, 4.0) if m.outcome != KEPT] == []
