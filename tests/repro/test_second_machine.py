@@ -19,7 +19,7 @@ from mistill.repro.second_machine import (
     judge,
     measure_moves,
 )
-from mistill.repro.tolerance import Tolerance
+from mistill.repro.tolerance import Tolerance, within_range
 from tests.repro.repro_helpers import REPO, commit_all, write_fixture
 
 LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
@@ -47,8 +47,8 @@ def test_judge_by_hand():
     count = judge(expected("notes", 19, kind="count", tolerance=Tolerance(cls="T")), 17, 4.0)
     assert count.outcome == DESCRIPTIVE and count.range == [0.0, math.inf]
     assert judge(expected("notes", 19, kind="count", tolerance=Tolerance(cls="T")), 19, 4.0).outcome == KEPT
-    # not comparable: another shape, or not numbers
-    assert judge(expected("seeds", [0.1, 0.9]), [0.1], 4.0) is None
+    # not comparable: not numbers (a list of another length is described at any length: the next test)
+    assert judge(expected("seeds", [0.1, 0.9]), [0.1, "x"], 4.0) is None
     assert judge(expected("level", 0.5), "n/a", 4.0) is None
 
 
@@ -154,3 +154,26 @@ def test_the_committed_second_machine_run_passes_the_committed_checks(registry):
     report = run_check(registry, "demo", run.results)
     assert not report.failed, [f"{ln.result_id}.{ln.key}: {ln.detail}" for ln in report.lines if ln.fails]
     assert [m for m in measure_moves(registry, "demo", run, 4.0) if m.outcome != KEPT] == []
+
+
+def test_a_list_of_another_length_is_described_at_any_length():
+    walk = expected("val_lambdas", [0.1, 0.3, 1.0, 3.0], kind="quantity")
+    moved = judge(walk, [0.3, 1.0, 3.0], 4.0)
+    assert moved.outcome == DESCRIPTIVE and moved.any_length and moved.range == [-math.inf, math.inf]
+    assert judge(expected("nested", [[0.1], [0.2]]), [[0.1]], 4.0) is None     # only flat lists
+    bounded = Expected("R-D31", "cells", [0.42, 0.43], "share", "share", "T", CLASS_TOL, descriptive=(-1.0, 1.0),
+                       descriptive_any_length=True)
+    assert "any length" in bounded.held_to()
+    assert within_range(bounded.value, [0.35, 0.41, 0.39], bounded.descriptive, any_length=True).passed
+    assert not within_range(bounded.value, [0.35, 1.41, 0.39], bounded.descriptive, any_length=True).passed
+    assert not within_range(bounded.value, [], bounded.descriptive, any_length=True).passed
+    assert not within_range(bounded.value, [0.35, 0.41, 0.39], bounded.descriptive).passed   # without: same shape
+
+
+def test_descriptive_length_must_be_any(git_root):
+    path = git_root / "results" / "expected" / "demo.yaml"
+    path.write_text(yaml.safe_dump({"meta": {"profile": "demo", "blessable": True}, "expected": {"R-D31": {
+        "val_lambdas_mistill": {"value": [0.1, 0.3], "kind": "quantity",
+                                "descriptive": {"range": [0, 10], "length": 3}}}}}))
+    with pytest.raises(UserError, match="length must be 'any'"):
+        load_registry(git_root).expected("demo")

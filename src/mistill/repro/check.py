@@ -138,7 +138,7 @@ def run_check(registry: Registry, profile: str, results_dir: str | Path,
                 outcome = contains_zero(exp.value, got)
             elif exp.descriptive is not None:
                 tol_text = exp.held_to()
-                outcome = within_range(exp.value, got, exp.descriptive)
+                outcome = within_range(exp.value, got, exp.descriptive, any_length=exp.descriptive_any_length)
             else:
                 outcome = compare(exp.value, got, exp.tolerance)
             verdict = PASS if outcome.passed else FAIL

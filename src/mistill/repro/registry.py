@@ -77,6 +77,8 @@ class Expected:
     # presence and for lying in this [lo, hi] range, element by element, never against `value`
     descriptive: tuple[float, float] | None = None
     descriptive_why: str = ""
+    # a descriptive list whose length the run decides (a validation walk that stops where its rule says)
+    descriptive_any_length: bool = False
     # a 95% interval of a difference whose golden contains zero (calibration.py): checked for what it
     # says, that it still contains zero (a null finding), never for its end points
     null_interval_why: str | None = None
@@ -88,7 +90,8 @@ class Expected:
         if self.descriptive is None:
             return self.tolerance.describe()
         lo, hi = (f"{b:g}" for b in self.descriptive)
-        return f"descriptive in [{lo}, {hi}] (tolerance {self.tolerance.describe()})"
+        length = ", any length" if self.descriptive_any_length else ""
+        return f"descriptive in [{lo}, {hi}]{length} (tolerance {self.tolerance.describe()})"
 
 
 @dataclass(frozen=True)
@@ -289,13 +292,14 @@ def _parse_expected(registry: Registry, result: Result, key: str, entry: Any, *,
         if half:
             tol = Tolerance(absolute=round(tol.absolute + half, 12), relative=tol.relative, cls=tol.cls,
                             basis=(tol.basis + "; " if tol.basis else "") + f"+{half:g} printed rounding")
-    descriptive, why = _parse_descriptive(entry.get("descriptive"), where)
+    descriptive, why, any_length = _parse_descriptive(entry.get("descriptive"), where)
     null_interval = _parse_null_interval(entry.get("null_interval"), str(key), value, where)
     if null_interval is not None and descriptive is not None:
         raise UserError(f"{where}: a value is either descriptive or a null interval, not both")
     return Expected(result_id=result.id, key=str(key), value=value, stat=str(entry.get("stat", "")),
                     kind=kind, cls=cls, tolerance=tol, reported=dict(entry.get("reported") or {}),
-                    descriptive=descriptive, descriptive_why=why, null_interval_why=null_interval)
+                    descriptive=descriptive, descriptive_why=why, descriptive_any_length=any_length,
+                    null_interval_why=null_interval)
 
 
 def _parse_null_interval(spec: Any, key: str, value: Any, where: str) -> str | None:
@@ -309,16 +313,20 @@ def _parse_null_interval(spec: Any, key: str, value: Any, where: str) -> str | N
     return str(spec.get("why", ""))
 
 
-def _parse_descriptive(spec: Any, where: str) -> tuple[tuple[float, float] | None, str]:
-    """`descriptive: {range: [lo, hi], why: ...}` (written by `mistill repro calibrate apply`)."""
+def _parse_descriptive(spec: Any, where: str) -> tuple[tuple[float, float] | None, str, bool]:
+    """`descriptive: {range: [lo, hi], why: ..., length: any}` (written by `mistill repro calibrate`; `length:
+    any` for a list whose length the run decides)."""
     if spec is None:
-        return None, ""
+        return None, "", False
     bounds = spec.get("range") if isinstance(spec, dict) else None
     if (not isinstance(bounds, list) or len(bounds) != 2
             or not all(isinstance(b, (int, float)) and not isinstance(b, bool) for b in bounds)
             or bounds[0] > bounds[1]):
         raise UserError(f"{where}: descriptive must be {{range: [lo, hi], why: ...}} with lo <= hi, got {spec!r}")
-    return (float(bounds[0]), float(bounds[1])), str(spec.get("why", ""))
+    length = spec.get("length")
+    if length not in (None, "any"):
+        raise UserError(f"{where}: descriptive length must be 'any' or absent, got {length!r}")
+    return (float(bounds[0]), float(bounds[1])), str(spec.get("why", "")), length == "any"
 
 
 def _load_yaml(path: Path) -> dict[str, Any]:

@@ -19,7 +19,9 @@ and no mark yet, with ``move = max over elements |other_e - golden_e|``:
 * otherwise, a 95% interval of a difference that contains zero on both machines: a *null interval*,
   checked for still containing zero (calibration.py says why);
 * otherwise: *descriptive*, checked for presence and for the range its kind allows, with the move
-  in its ``why``, until the replicates measure its spread.
+  in its ``why``, until the replicates measure its spread;
+* a list the other machine produced with another length (the cells a validation walk visited before
+  its rule stopped it): descriptive with ``length: any``, its elements checked for range.
 
 A value the other machine did not produce is left as it is; a numbers file of another profile is an
 error. `mistill repro calibrate machine <dir>` applies the rule and records the run in the expected
@@ -89,6 +91,7 @@ class MachineMove:
     allowed: float
     outcome: str                   # KEPT, NULL or DESCRIPTIVE
     range: list[float] | None = None
+    any_length: bool = False       # the other machine's list has another length
 
 
 def unmeasured(exp: Expected) -> bool:
@@ -102,8 +105,14 @@ def judge(exp: Expected, other: Any, multiple: float) -> MachineMove | None:
     """The rule of the module docstring for one value; None when the other value is not comparable
     (another shape, or not numbers), which the check of that run reports as it is."""
     golden, got = flatten(exp.value), flatten(other)
-    if golden is None or got is None or shape(other) != shape(exp.value):
+    if golden is None or got is None:
         return None
+    if shape(other) != shape(exp.value):
+        if not (flat_list(exp.value) and flat_list(other)):
+            return None
+        # a list whose length the run decides (a validation walk that stopped elsewhere): it moved
+        return MachineMove(exp.result_id, exp.key, math.inf, exp.tolerance.allowed(0.0), DESCRIPTIVE,
+                           kind_range(exp.kind, golden + got), any_length=True)
     move = max((abs(g - o) for g, o in zip(golden, got)), default=0.0)
     if math.isnan(move):
         return None
@@ -135,7 +144,16 @@ def measure_moves(registry: Registry, profile: str, run: MachineRun, multiple: f
     return moves
 
 
+def flat_list(value: Any) -> bool:
+    return isinstance(value, list) and bool(value) and all(flatten(v) is not None and not isinstance(v, list)
+                                                          for v in value)
+
+
 def why(run: MachineRun, m: MachineMove, multiple: float) -> str:
+    if m.any_length:
+        return (f"not yet measured by the replicates; a run on {run.name} ({run.cpu}) gave a list of another "
+                f"length (a walk that stopped elsewhere): checked for presence and range, of any length, until "
+                f"the replicates measure it")
     return (f"not yet measured by the replicates; a run on {run.name} ({run.cpu}) moved it by {m.move:.3g}, "
             f"more than 1/{multiple:g} of its tolerance ({m.allowed:.3g}), and one run cannot size a "
             f"tolerance: checked for presence and range until the replicates measure its spread")
@@ -151,6 +169,8 @@ def apply_machine_run(registry: Registry, profile: str, run: MachineRun, multipl
             entry["null_interval"] = {"why": NULL_WHY}
         elif m.outcome == DESCRIPTIVE:
             entry["descriptive"] = {"range": m.range, "why": why(run, m, multiple)}
+            if m.any_length:
+                entry["descriptive"]["length"] = "any"
     data.setdefault("meta", {}).setdefault("machines", {})[run.name] = {
         "results": str(run.results), "cpu": run.cpu, "run_code_version": run.code_version, "command": run.command,
         "applied_code_version": code_version(), "multiple": multiple,

@@ -157,11 +157,15 @@ def compare(expected: Any, got: Any, tol: Tolerance) -> Comparison:
     return Comparison(not breaches, max_excess, max_diff, "; ".join(breaches))
 
 
-def within_range(expected: Any, got: Any, bounds: tuple[float, float]) -> Comparison:
-    """A descriptive value: of the expected value's shape, finite, every element in [lo, hi]."""
-    exp_flat, got_flat, mismatch = _paired(expected, got)
-    if mismatch is not None:
-        return mismatch
+def within_range(expected: Any, got: Any, bounds: tuple[float, float], *, any_length: bool = False) -> Comparison:
+    """A descriptive value: of the expected value's shape (with `any_length`, a non-empty flat list of any
+    length), finite, every element in [lo, hi]."""
+    if any_length and _flat_numbers(got) and _flat_numbers(expected):
+        exp_flat, got_flat = list(expected), list(got)
+    else:
+        exp_flat, got_flat, mismatch = _paired(expected, got)
+        if mismatch is not None:
+            return mismatch
     lo, hi = bounds
     outside = [f"[{i}] {_fmt(g)}" if len(got_flat) > 1 else _fmt(g)
                for i, g in enumerate(got_flat) if not (math.isfinite(g) and lo <= g <= hi)]
@@ -169,6 +173,10 @@ def within_range(expected: Any, got: Any, bounds: tuple[float, float]) -> Compar
     if outside:
         return Comparison(False, math.inf, max_diff, f"outside [{_fmt(lo)}, {_fmt(hi)}]: {', '.join(outside)}")
     return Comparison(True, -math.inf, max_diff, "")
+
+
+def _flat_numbers(value: Any) -> bool:
+    return isinstance(value, list) and bool(value) and all(is_number(v) for v in value)
 
 
 def says_null(key: str, value: Any) -> bool:
