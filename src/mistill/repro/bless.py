@@ -27,8 +27,6 @@ survives re-blessing.
 from __future__ import annotations
 
 import datetime as dt
-import os
-import platform
 import subprocess
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -40,6 +38,7 @@ from mistill.errors import UserError
 from mistill.io import atomic_open, file_sha256
 from mistill.repro.calibration import kind_range
 from mistill.repro.check import FAIL, NOT_REPRODUCED, CheckLine, fmt_value, run_check
+from mistill.repro.machine import describe_machine
 from mistill.repro.numbers import NumbersFile, hash_inputs, numbers_path, read_numbers
 from mistill.repro.registry import EXPECTED_DIR, Registry, expected_path, infer_kind
 from mistill.repro.registry_md import REGISTRY_MD
@@ -142,8 +141,7 @@ def bless(registry: Registry, ids: list[str], *, profile: str, results_dir: str 
             "params_sha256": record.params_sha256,
             "reader": record.reader,
             "numbers_sha256": file_sha256(record.path),
-            "machine": f"{platform.node()} ({platform.machine()}, {os.cpu_count()} CPUs, "
-                       f"{platform.system()} {platform.release()})",
+            "machine": describe_machine(),
             "date": dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
         }
         if rid in breaches:

@@ -42,8 +42,6 @@ from __future__ import annotations
 
 import datetime as dt
 import math
-import os
-import platform
 from dataclasses import dataclass
 from decimal import ROUND_CEILING, Decimal
 from pathlib import Path
@@ -54,6 +52,7 @@ import yaml
 from mistill.errors import UserError
 from mistill.io import atomic_open, code_version, file_sha256, read_json, write_json
 from mistill.repro.check import run_check
+from mistill.repro.machine import describe_machine
 from mistill.repro.numbers import read_numbers
 from mistill.repro.registry import Registry, expected_path
 from mistill.repro.tolerance import flatten, says_null, shape
@@ -243,7 +242,7 @@ def apply_calibration(registry: Registry, profile: str, spread_path: Path) -> li
         mark(entry, c)
     data.setdefault("meta", {})["calibration"] = {
         "spreads": str(spread_path), "spreads_sha256": file_sha256(spread_path), "code_version": code_version(),
-        "machine": f"{platform.node()} ({platform.machine()}, {os.cpu_count()} CPUs)",
+        "machine": describe_machine(),
         "date": dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
     }
     write_expected(registry, profile, data_path, data)
