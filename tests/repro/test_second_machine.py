@@ -8,6 +8,7 @@ import yaml
 
 from mistill.cli import main
 from mistill.errors import UserError
+from mistill.repro.calibration import findings_table
 from mistill.repro.check import FAIL, PASS, run_check
 from mistill.repro.registry import Expected, load_registry
 from mistill.repro.second_machine import (
@@ -20,7 +21,7 @@ from mistill.repro.second_machine import (
     measure_moves,
 )
 from mistill.repro.tolerance import Tolerance, within_range
-from tests.repro.repro_helpers import REPO, commit_all, write_fixture
+from tests.repro.repro_helpers import REPO, commit_all, md_cells, write_fixture
 
 LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
 CLASS_TOL = Tolerance(absolute=0.02, relative=0.05, cls="T", basis="class default")
@@ -106,6 +107,13 @@ def test_machine_run_end_to_end_through_check_and_rebless(git_root, monkeypatch)
 
     registry = load_registry(git_root)
     assert not run_check(registry, "demo", run.results, ["R-D7"]).failed   # the other machine's run now passes
+    rows = {md_cells(row)[1]: md_cells(row)[4] for row in
+            findings_table(registry, "demo", ("R-D7",), every=True).splitlines()[2:]}
+    assert rows["`qwen_randpos_own_p2c`"].startswith("descriptive (not yet measured by the replicates")
+    assert rows["`randboth_minus_randpos_interval`"].startswith("a null finding")
+    assert rows["`qwen_untrained_own_p2c`"] == "a number held to its tolerance (±max(0.02, 5%))"
+    assert rows["`calibrated_level`"] == "a finding (the interval excludes zero)"
+    assert len(findings_table(registry, "demo", ("R-D7",)).splitlines()) == 2 + 4   # without `every`: no kept value
     assert not run_check(registry, "demo", results, ["R-D7"]).failed       # and so does the goldens' run
 
     def verdicts(**values):
