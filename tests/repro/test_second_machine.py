@@ -131,8 +131,10 @@ def test_machine_run_end_to_end_through_check_and_rebless(git_root, monkeypatch)
     kept = load_registry(git_root).expected("demo").values["R-D7"]
     assert kept["qwen_randpos_own_p2c"].descriptive == (-1.0, 1.0)
     commit_all(git_root)
+    before = demo_yaml.read_text()
     again = apply_machine_run(load_registry(git_root), "demo", run, 4.0)     # marked values are not judged twice
     assert {m.key for m in again} == {"qwen_untrained_own_p2c"}
+    assert demo_yaml.read_text() == before                                  # nothing new: the file is untouched
 
 
 def test_machine_run_refuses_bad_input(tmp_path, git_root, monkeypatch):
