@@ -104,6 +104,7 @@ def test_machine_run_end_to_end_through_check_and_rebless(git_root, monkeypatch)
     assert "null_interval" in marked["randboth_minus_randpos_interval"]
     assert "descriptive" not in marked["qwen_untrained_own_p2c"] and "descriptive" not in marked["calibrated_level"]
     assert entries["meta"]["machines"]["other-cpu"]["cpu"] == "another CPU"
+    assert entries["meta"]["machines"]["other-cpu"]["results"] == "calibration/machines/other-cpu/results"
 
     registry = load_registry(git_root)
     assert not run_check(registry, "demo", run.results, ["R-D7"]).failed   # the other machine's run now passes

@@ -174,9 +174,17 @@ def apply_machine_run(registry: Registry, profile: str, run: MachineRun, multipl
             if m.any_length:
                 entry["descriptive"]["length"] = "any"
     data.setdefault("meta", {}).setdefault("machines", {})[run.name] = {
-        "results": str(run.results), "cpu": run.cpu, "run_code_version": run.code_version, "command": run.command,
+        "results": _relative(run.results, registry.root), "cpu": run.cpu, "run_code_version": run.code_version, "command": run.command,
         "applied_code_version": code_version(), "multiple": multiple,
         "date": dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
     }
     write_expected(registry, profile, data_path, data)
     return moves
+
+
+def _relative(path: Path, root: Path) -> str:
+    """`path` as the repository names it (relative to its root) where it lies inside, else as given."""
+    try:
+        return str(path.resolve().relative_to(root.resolve()))
+    except ValueError:
+        return str(path)
