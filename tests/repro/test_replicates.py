@@ -1,5 +1,6 @@
 """Replicates of the distillation chain: their params, their perturbed students, their workspaces."""
 
+import dataclasses
 from pathlib import Path
 
 import pytest
@@ -13,9 +14,11 @@ from mistill.repro.replicates import (
     CalibrationConfig,
     Replicate,
     Workspace,
+    check_inputs_cover_deps,
     check_inputs_not_written,
     jitter_weights,
     replicate_params,
+    stage_deps,
     stage_outs,
 )
 from tests.repro.repro_helpers import REPO
@@ -77,6 +80,15 @@ def test_no_replicate_stage_may_write_a_hard_linked_input(config):
     assert len(stage_outs(REPO, ("DT-variant",))["DT-variant"]) == len(load_params(REPO / "params.yaml")["variants"]["arms"])
     with pytest.raises(UserError, match="hard-linked input artifacts/TR-008"):
         check_inputs_not_written(config, {**outs, "X": ["artifacts/TR-008/events"]})
+
+
+def test_every_artifact_a_replicate_stage_reads_is_an_input_or_a_replicate_output(config):
+    outs, deps = stage_outs(REPO, config.stages), stage_deps(REPO, config.stages)
+    check_inputs_cover_deps(config, deps, outs)                    # the demo's configuration runs through
+    assert "artifacts/HD-002-locus" in deps["DT-variant@nowindow"]   # the 8-token window's prose-time sets
+    without = dataclasses.replace(config, inputs=tuple(i for i in config.inputs if i != "artifacts/HD-002-locus"))
+    with pytest.raises(UserError, match="reads artifacts/HD-002-locus, which no replicate stage writes"):
+        check_inputs_cover_deps(without, deps, outs)
 
 
 def test_config_errors_name_the_field():

@@ -280,19 +280,49 @@ def _dvc(args: list[str], cwd: Path, extra_env: dict[str, str] | None = None) ->
 def stage_outs(repo: Path, stages: tuple[str, ...]) -> dict[str, list[str]]:
     """Each named stage's outputs (metrics included), as dvc.yaml resolves them here: a stage group names
     every item of a foreach stage, `group@item` one of them."""
+    return _stage_paths(repo, stages, "outs")
+
+
+def stage_deps(repo: Path, stages: tuple[str, ...]) -> dict[str, list[str]]:
+    """Each named stage's path dependencies (params files left out), named as `stage_outs` names them."""
+    return _stage_paths(repo, stages, "deps")
+
+
+def _stage_paths(repo: Path, stages: tuple[str, ...], kind: str) -> dict[str, list[str]]:
+    from dvc.dependency.param import ParamsDependency
     from dvc.repo import Repo
 
-    outs: dict[str, list[str]] = {}
+    paths: dict[str, list[str]] = {}
     with Repo(str(repo)) as dvc_repo:
         for stage in dvc_repo.index.stages:
             name = getattr(stage, "name", "")
             for key in {name, name.split("@")[0]} & set(stages):
-                outs.setdefault(key, []).extend(
-                    Path(os.path.relpath(out.fs_path, repo)).as_posix() for out in stage.outs)
-    missing = [s for s in stages if s not in outs]
+                paths.setdefault(key, []).extend(
+                    Path(os.path.relpath(p.fs_path, repo)).as_posix() for p in getattr(stage, kind)
+                    if not isinstance(p, ParamsDependency))
+    missing = [s for s in stages if s not in paths]
     if missing:
         raise UserError(f"calibration.stages names stage(s) dvc.yaml does not define: {', '.join(missing)}")
-    return outs
+    return paths
+
+
+def _within(path: str, directory: str) -> bool:
+    return path == directory or path.startswith(directory.rstrip("/") + "/")
+
+
+def check_inputs_cover_deps(config: CalibrationConfig, deps_by_stage: dict[str, list[str]],
+                            outs_by_stage: dict[str, list[str]], artifacts: str = "artifacts") -> None:
+    """Refuse a configuration in which a replicate stage reads an artifact that is neither a hard-linked
+    input nor written by a replicate stage: the replicate would fail on it after minutes of training.
+    (A dependency on a directory that replicate stages fill, such as a runs directory, is covered.)"""
+    provided = [*config.inputs, *(out for outs in outs_by_stage.values() for out in outs)]
+    for stage, deps in deps_by_stage.items():
+        for dep in deps:
+            if not _within(dep, artifacts):
+                continue         # code, readers, models: the workspace copies them
+            if not any(_within(dep, p) or _within(p, dep) for p in provided):
+                raise UserError(f"calibration: stage {stage} reads {dep}, which no replicate stage writes and "
+                                "calibration.inputs does not list; add it to calibration.inputs")
 
 
 def run_replicates(repo: Path, config: CalibrationConfig, *, log=print) -> list[Path]:
@@ -303,7 +333,9 @@ def run_replicates(repo: Path, config: CalibrationConfig, *, log=print) -> list[
     if not config.replicates:
         raise UserError("params.yaml calibration.replicates is empty: this profile has no replicates to run "
                         "(its expected values are not calibrated here)")
-    check_inputs_not_written(config, stage_outs(repo, config.stages))
+    outs = stage_outs(repo, config.stages)
+    check_inputs_not_written(config, outs)
+    check_inputs_cover_deps(config, stage_deps(repo, config.stages), outs)
     data = load_all(repo / "params.yaml")
     done_dirs = []
     for rep in config.replicates + config.held_out:
