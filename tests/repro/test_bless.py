@@ -4,6 +4,7 @@ import pytest
 import yaml
 
 from mistill.cli import main
+from mistill.repro.machine import cpu_model
 from mistill.repro.registry import load_registry
 from tests.repro.repro_helpers import commit_all, write_fixture
 
@@ -28,6 +29,7 @@ def test_bless_then_check_then_drift(git_root, monkeypatch, capsys):
     assert golden["median_p1_margin"]["kind"] == "nats" and golden["median_p1_margin"]["class"] == "K"
     prov = data["provenance"]["R-C1"]
     assert set(prov) == {"code_version", "params_sha256", "reader", "numbers_sha256", "machine", "date"}
+    assert cpu_model() in prov["machine"]       # goldens of trained students hold only within a CPU type
     assert "Goldens made by" in (git_root / "REGISTRY.md").read_text()
 
     check = ["repro", "check", "R-C1", "--profile", "demo", "--results", str(results)]
