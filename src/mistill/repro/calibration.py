@@ -364,41 +364,9 @@ def cmd_apply(args) -> int:
 
 
 def cmd_machine(args) -> int:
-    from mistill.params import load_params
-    from mistill.repro.registry import load_registry
-    from mistill.repro.registry_md import write_registry_md
-    from mistill.repro.replicates import CalibrationConfig
-    from mistill.repro.second_machine import KEPT, MachineRun, apply_machine_run, measure_moves
+    from mistill.repro.second_machine import cmd_machine as run
 
-    params = load_params()
-    multiple = CalibrationConfig.from_params(params).multiple
-    registry = load_registry()
-    run = MachineRun.load(args.run)
-    if args.dry_run:
-        moves = measure_moves(registry, params["profile"], run, multiple)
-    else:
-        moves = apply_machine_run(registry, params["profile"], run, multiple)
-        write_registry_md(registry)
-    for m in moves:
-        if m.outcome != KEPT:
-            print(f"{m.result_id}.{m.key}: moved {m.move:.3g} (tolerance {m.allowed:.3g}): {m.outcome}")
-    marked = [m for m in moves if m.outcome != KEPT]
-    verb = "would mark" if args.dry_run else "marked"
-    if args.readme is not None and not args.dry_run:
-        from mistill.repro.stage_times import replace_in_readme
-
-        distillation = sorted((rid for rid in registry.results if rid.startswith("R-D")), key=lambda r: int(r[3:]))
-        registry = load_registry()
-        replace_in_readme(args.readme, checks_table(registry, params["profile"], distillation),
-                          CHECKS_BEGIN, CHECKS_END)
-        values_doc = args.readme.parent / VALUES_DOC
-        with atomic_open(values_doc, "w", encoding="utf-8") as fh:
-            fh.write(VALUES_DOC_HEAD.format(profile=params["profile"])
-                     + findings_table(registry, params["profile"], tuple(distillation), every=True) + "\n")
-        print(f"rewrote the value-checks table in {args.readme} and every value's check in {values_doc}")
-    print(f"{run.name} ({run.cpu}): {len(moves)} unmeasured values compared, {sum(m.move > 0 for m in moves)} moved, "
-          f"{len(moves) - len(marked)} kept (moved at most 1/{multiple:g} of their tolerance), {verb} {len(marked)}")
-    return 0
+    return run(args)
 
 
 def _rewrite_readme(readme: Path, registry: Registry, profile: str, results: tuple[str, ...]) -> None:

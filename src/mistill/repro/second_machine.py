@@ -39,17 +39,23 @@ from typing import Any
 import yaml
 
 from mistill.errors import UserError
-from mistill.io import code_version
+from mistill.io import atomic_open, code_version
 from mistill.repro.calibration import (
     CALIBRATED,
+    CHECKS_BEGIN,
+    CHECKS_END,
     NULL_WHY,
+    VALUES_DOC,
+    VALUES_DOC_HEAD,
     calibratable_expected,
+    checks_table,
+    findings_table,
     kind_range,
     write_expected,
 )
 from mistill.repro.numbers import read_numbers
 from mistill.repro.registry import Expected, Registry
-from mistill.repro.tolerance import flatten, says_null, shape
+from mistill.repro.tolerance import flat_numbers, flatten, says_null, shape
 
 MACHINE_FILE = "machine.yaml"
 KEPT, NULL, DESCRIPTIVE = "kept", "null interval", "descriptive"
@@ -108,7 +114,7 @@ def judge(exp: Expected, other: Any, multiple: float) -> MachineMove | None:
     if golden is None or got is None:
         return None
     if shape(other) != shape(exp.value):
-        if not (flat_list(exp.value) and flat_list(other)):
+        if not (flat_numbers(exp.value) and flat_numbers(other)):
             return None
         # a list whose length the run decides (a validation walk that stopped elsewhere): it moved
         return MachineMove(exp.result_id, exp.key, math.inf, exp.tolerance.allowed(0.0), DESCRIPTIVE,
@@ -142,11 +148,6 @@ def measure_moves(registry: Registry, profile: str, run: MachineRun, multiple: f
                 if judged is not None:
                     moves.append(judged)
     return moves
-
-
-def flat_list(value: Any) -> bool:
-    return isinstance(value, list) and bool(value) and all(flatten(v) is not None and not isinstance(v, list)
-                                                          for v in value)
 
 
 def why(run: MachineRun, m: MachineMove, multiple: float) -> str:
@@ -188,3 +189,41 @@ def _relative(path: Path, root: Path) -> str:
         return str(path.resolve().relative_to(root.resolve()))
     except ValueError:
         return str(path)
+
+
+def cmd_machine(args) -> int:
+    """`mistill repro calibrate machine <run> [--dry-run] [--readme [PATH]]`."""
+    from mistill.params import load_params
+    from mistill.repro.registry import load_registry
+    from mistill.repro.registry_md import write_registry_md
+    from mistill.repro.replicates import CalibrationConfig
+
+    params = load_params()
+    multiple = CalibrationConfig.from_params(params).multiple
+    registry = load_registry()
+    run = MachineRun.load(args.run)
+    if args.dry_run:
+        moves = measure_moves(registry, params["profile"], run, multiple)
+    else:
+        moves = apply_machine_run(registry, params["profile"], run, multiple)
+        write_registry_md(registry)
+    for m in moves:
+        if m.outcome != KEPT:
+            print(f"{m.result_id}.{m.key}: moved {m.move:.3g} (tolerance {m.allowed:.3g}): {m.outcome}")
+    marked = [m for m in moves if m.outcome != KEPT]
+    verb = "would mark" if args.dry_run else "marked"
+    if args.readme is not None and not args.dry_run:
+        from mistill.repro.stage_times import replace_in_readme
+
+        distillation = sorted((rid for rid in registry.results if rid.startswith("R-D")), key=lambda r: int(r[3:]))
+        registry = load_registry()
+        replace_in_readme(args.readme, checks_table(registry, params["profile"], distillation),
+                          CHECKS_BEGIN, CHECKS_END)
+        values_doc = args.readme.parent / VALUES_DOC
+        with atomic_open(values_doc, "w", encoding="utf-8") as fh:
+            fh.write(VALUES_DOC_HEAD.format(profile=params["profile"])
+                     + findings_table(registry, params["profile"], tuple(distillation), every=True) + "\n")
+        print(f"rewrote the value-checks table in {args.readme} and every value's check in {values_doc}")
+    print(f"{run.name} ({run.cpu}): {len(moves)} unmeasured values compared, {sum(m.move > 0 for m in moves)} moved, "
+          f"{len(moves) - len(marked)} kept (moved at most 1/{multiple:g} of their tolerance), {verb} {len(marked)}")
+    return 0

@@ -160,7 +160,7 @@ def compare(expected: Any, got: Any, tol: Tolerance) -> Comparison:
 def within_range(expected: Any, got: Any, bounds: tuple[float, float], *, any_length: bool = False) -> Comparison:
     """A descriptive value: of the expected value's shape (with `any_length`, a non-empty flat list of any
     length), finite, every element in [lo, hi]."""
-    if any_length and _flat_numbers(got) and _flat_numbers(expected):
+    if any_length and flat_numbers(got) and flat_numbers(expected):
         exp_flat, got_flat = list(expected), list(got)
     else:
         exp_flat, got_flat, mismatch = _paired(expected, got)
@@ -175,7 +175,8 @@ def within_range(expected: Any, got: Any, bounds: tuple[float, float], *, any_le
     return Comparison(True, -math.inf, max_diff, "")
 
 
-def _flat_numbers(value: Any) -> bool:
+def flat_numbers(value: Any) -> bool:
+    """A non-empty list of numbers, none of them a list."""
     return isinstance(value, list) and bool(value) and all(is_number(v) for v in value)
 
 
