@@ -14,6 +14,7 @@ import os
 import subprocess
 import tempfile
 from collections.abc import Iterator
+from glob import escape as glob_escape
 from pathlib import Path
 from typing import IO, Any
 
@@ -40,6 +41,18 @@ def atomic_open(path: str | Path, mode: str = "w", **kwargs: Any) -> Iterator[IO
         with contextlib.suppress(FileNotFoundError):
             os.unlink(tmp)
         raise
+
+
+def remove_stale_temporaries(path: str | Path) -> list[Path]:
+    """Delete what a killed writer of `path` left behind (atomic_open's temporary siblings).
+
+    A SIGKILL or SIGTERM ends a process without running its cleanup, so its temporary file stays.
+    Call this only where one process owns `path` (a per-note artifact), never beside a live writer."""
+    path = Path(path)
+    stale = sorted(path.parent.glob(f".{glob_escape(path.name)}.*.tmp"))
+    for leftover in stale:
+        leftover.unlink(missing_ok=True)
+    return stale
 
 
 def write_json(path: str | Path, obj: Any, *, indent: int = 2) -> None:

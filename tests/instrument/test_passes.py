@@ -66,8 +66,12 @@ def test_passes_resume_and_recompute_a_corrupt_artifact(world, qwen_model, token
     before = (out / "note1" / "attr.npz").read_bytes()
     data = (out / "note0" / "attr.npz").read_bytes()
     (out / "note0" / "attr.npz").write_bytes(data[: len(data) // 2])  # a killed run's half file
+    leftovers = [out / "note0" / ".attr.npz.k1ll3d.tmp", out / "note0" / ".attr.npz.meta.json.k1ll3d.tmp"]
+    for leftover in leftovers:                                          # what a SIGKILLed writer leaves
+        leftover.write_bytes(b"partial")
     assert artifact_state(out / "note0" / "attr.npz") == "checksum mismatch"
     run_attribution(cfg, params, model=qwen_model, tokenizer=tokenizer)
+    assert not any(leftover.exists() for leftover in leftovers)
     err = capsys.readouterr().err
     assert "note0/attr.npz is corrupt" in err and "1 computed, 2 already done" in err
     assert artifact_state(out / "note0" / "attr.npz") == "valid"

@@ -155,7 +155,9 @@ def test_a_rank_that_dies_leaves_valid_files_and_the_rerun_computes_only_the_mis
     # its meta, which the state names unfinished (never a partial file: writes are atomic)
     assert states["note0"] == "valid"
     assert all(s in ("valid", "missing") or s.startswith("unfinished") for s in states.values()), states
-    assert not list(out.glob("**/*.tmp*"))                # no partial file where an artifact would be
+    # a rank stopped mid-write leaves at most a hidden temporary sibling, never a partial file in the
+    # artifact's place; the rerun removes it
+    assert all(t.name.startswith(".") for t in out.glob("**/*.tmp")), list(out.glob("**/*.tmp"))
     missing = sum(s != "valid" for s in states.values())
     assert missing >= 1                                   # rank 0 died before note2
     cfg = _write_world(tmp_path, BAD)
@@ -163,6 +165,7 @@ def test_a_rank_that_dies_leaves_valid_files_and_the_rerun_computes_only_the_mis
     passes.run_attribution(cfg, {"profile": "test", "instrument": cfg.as_dict()}, model=qwen_model,
                            tokenizer=tokenizer, lanes=2)
     assert f"{missing} computed, {3 - missing} already done" in capsys.readouterr().err
+    assert not list(out.glob("**/*.tmp"))
 
 
 def test_lanes_must_match_the_processes(tmp_path, qwen_model, tokenizer, monkeypatch):

@@ -33,6 +33,7 @@ from mistill.io import (
     read_json,
     read_jsonl,
     read_npz,
+    remove_stale_temporaries,
     write_json,
     write_jsonl,
     write_npz,
@@ -91,8 +92,11 @@ def _meta_path(path: Path) -> Path:
 
 
 def commit_artifact(path: Path, write: Callable[[Path], None], meta: dict) -> None:
-    """Write the artifact atomically, then its meta (sha256 + provenance): meta last marks it complete."""
+    """Write the artifact atomically, then its meta (sha256 + provenance): meta last marks it complete.
+    A killed earlier writer's temporary files go first (one process owns a note's directory)."""
     _meta_path(path).unlink(missing_ok=True)
+    for written in (path, _meta_path(path)):
+        remove_stale_temporaries(written)
     write(path)
     write_json(_meta_path(path), {**meta, "sha256": file_sha256(path)})
 
