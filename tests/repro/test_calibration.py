@@ -186,3 +186,29 @@ def test_descriptive_needs_a_range(git_root):
         "teacher_hd002_p2c_k40": {"value": 0.7, "kind": "share", "descriptive": {"range": [1, -1]}}}}}))
     with pytest.raises(UserError, match="descriptive must be"):
         load_registry(git_root).expected("demo")
+
+
+def test_a_per_seed_list_of_another_length_is_not_a_deviation(git_root, monkeypatch):
+    """A replicate trained under another seed writes the per-seed list of its one seed: that list is
+    left out of the value's spread (and named in the spread file), the other replicates size it."""
+    monkeypatch.chdir(git_root)
+    key = "qwen_vanilla_fp32_own_p2c_seeds"
+    write_fixture(git_root / "results", "R-D6", demo_values(**GOLDEN, **{key: [0.5, 0.6, 0.7]}), profile="demo")
+    assert main(["repro", "bless", "R-D6", "--profile", "demo", "--results", str(git_root / "results")]) == 0
+    produced = {"threads-1": [0.52, 0.6, 0.66], "jitter-1": [0.5, 0.63, 0.7], "seed-1": [0.64]}
+    dirs = []
+    for name, seeds in produced.items():
+        d = git_root / "artifacts" / "CAL" / name
+        write_fixture(d, "R-D6", demo_values(**GOLDEN, **{key: seeds}), profile="demo")
+        (d / "replicate.json").write_text(json.dumps({"perturbation": name}))
+        dirs.append(d)
+    spreads = {s.key: s for s in measure_spreads(load_registry(git_root), "demo", dirs, ("R-D6",))}
+    per_seed = spreads[key]
+    assert per_seed.other_shape == {"seed-1": [0.64]}
+    assert set(per_seed.replicates) == {"threads-1", "jitter-1"}
+    compared = np.array([produced["threads-1"], produced["jitter-1"]])
+    assert per_seed.rms == pytest.approx(np.sqrt(((compared - [0.5, 0.6, 0.7]) ** 2).mean(axis=0)).tolist())
+    assert spreads["untrained_qwen_own_p2c_k40"].other_shape == {}       # a scalar: every replicate counts
+    write_spreads(git_root / "spread.json", list(spreads.values()), dirs, 4.0)
+    written = json.loads((git_root / "spread.json").read_text())["values"]["R-D6"]
+    assert written[key]["other_shape"] == {"seed-1": [0.64]} and "other_shape" not in written["untrained_qwen_own_p2c_k40"]

@@ -42,7 +42,7 @@ from __future__ import annotations
 
 import datetime as dt
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from decimal import ROUND_CEILING, Decimal
 from pathlib import Path
 from typing import Any
@@ -71,9 +71,13 @@ class Spread:
     replicates: dict[str, Any]          # replicate name -> its value (the replicates that produced the key)
     rms: list[float]                    # per element
     spread: float                       # the widest element's RMS
+    other_shape: dict[str, Any] = field(default_factory=dict)   # replicates whose value is not comparable
 
     def to_json(self) -> dict[str, Any]:
-        return {"golden": self.golden, "replicates": self.replicates, "rms": self.rms, "spread": self.spread}
+        body = {"golden": self.golden, "replicates": self.replicates, "rms": self.rms, "spread": self.spread}
+        if self.other_shape:
+            body["other_shape"] = self.other_shape
+        return body
 
 
 def rms_deviation(golden: Any, values: list[Any]) -> list[float]:
@@ -104,10 +108,15 @@ def measure_spreads(registry: Registry, profile: str, replicate_dirs: list[Path]
                 continue
             produced = {name: per[rid].values[key]["value"] for name, per in numbers.items()
                         if key in per[rid].values}
-            if not produced:
+            # A replicate that trains under another seed writes a per-seed list of the one seed it trained:
+            # not the same quantity as the golden's list over the profile's seeds, so not a deviation of it.
+            other = {name: v for name, v in produced.items() if shape(v) != shape(exp.value)}
+            comparable = [v for name, v in produced.items() if name not in other]
+            if not comparable:
                 continue
-            rms = rms_deviation(exp.value, list(produced.values()))
-            spreads.append(Spread(rid, key, exp.value, produced, rms, max(rms)))
+            rms = rms_deviation(exp.value, comparable)
+            spreads.append(Spread(rid, key, exp.value, {n: v for n, v in produced.items() if n not in other},
+                                  rms, max(rms), other))
     return spreads
 
 
