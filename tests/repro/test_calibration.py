@@ -19,6 +19,7 @@ from mistill.repro.calibration import (
     measure_spreads,
     rms_deviation,
     round_up,
+    widen_ratio_ranges,
     write_spreads,
 )
 from mistill.repro.check import FAIL, PASS, run_check
@@ -56,6 +57,22 @@ def test_kind_ranges():
     assert kind_range("share", [-0.2, 0.4]) == [-1.0, 1.0]
     assert kind_range("share", [1.1, 1.3]) == [-math.inf, math.inf]    # a ratio (perplexity), not a share
     assert kind_range("percent", [95.0, 107.0]) == [-math.inf, math.inf]
+    lift = "mean over seeds of: M2 region lift of the own top-4 P2C heads, per seed"
+    assert kind_range("share", [0.9987, 0.97], lift) == [-math.inf, math.inf]     # 1.004 on another machine
+    assert kind_range("share", [0.9987, 0.97], "own-heads recovery at P2C") == [-1.0, 1.0]
+    assert kind_range("count", [3, 4], "notes with a higher lift") == [0.0, math.inf]
+
+
+def test_widen_ratio_ranges_unbounds_a_lift_marked_as_a_proportion():
+    expected = {"R-D6": {
+        "lift": {"kind": "share", "stat": "M2 region lift, median", "descriptive": {"range": [-1.0, 1.0]}},
+        "recovery": {"kind": "share", "stat": "own-heads recovery", "descriptive": {"range": [-1.0, 1.0]}},
+        "perplexity": {"kind": "share", "stat": "perplexity", "descriptive": {"range": [1.0, math.inf]}},
+        "plain": {"kind": "share", "stat": "M2 region lift"}}}
+    assert widen_ratio_ranges(expected) == [("R-D6", "lift")]
+    assert expected["R-D6"]["lift"]["descriptive"]["range"] == [-math.inf, math.inf]
+    assert expected["R-D6"]["recovery"]["descriptive"]["range"] == [-1.0, 1.0]
+    assert expected["R-D6"]["perplexity"]["descriptive"]["range"] == [1.0, math.inf]
 
 
 def _spread(key, golden, reps):

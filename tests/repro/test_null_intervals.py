@@ -52,6 +52,16 @@ def test_calibrate_marks_a_moved_interval_that_contains_zero_as_null():
     assert not out[GAIN].null_interval and not out[GAIN].descriptive and out[GAIN].tolerance == 0.048
 
 
+def test_an_interval_a_replicate_moves_off_zero_is_descriptive_not_null():
+    """The golden contains zero, one replicate's interval does not: which of the two a machine shows is
+    not settled, so the value is only described (the R-D24 uniform-versus-Mistill interval on the demo)."""
+    spread = Spread("R-D24", KEY, [-0.023, 0.488], {"threads-1": [0.248, 0.672], "jitter-1": [-0.01, 0.5]},
+                    [0.2, 0.15], 0.2)
+    (out,) = calibrate([spread], 4.0, {("R-D24", KEY): "share"})
+    assert not out.null_interval and out.descriptive and out.range == [-1.0, 1.0]
+    assert out.tolerance == 0.8
+
+
 def _calibrated(git_root, values: dict[str, list[float]]) -> None:
     """R-D18 blessed at `values`, their tolerances then set as a calibration sets them (in git_root, the cwd)."""
     assert git_root.resolve() == git_root.cwd().resolve()

@@ -119,7 +119,8 @@ def bless(registry: Registry, ids: list[str], *, profile: str, results_dir: str 
                 values = number["value"] if isinstance(number["value"], list) else [number["value"]]
                 if any(not low <= float(v) <= high for v in values):
                     # a ratio the calibration saw below its kind's bound (a lift under 1) is unbounded after all
-                    entry["descriptive"]["range"] = kind_range(entry["kind"], [low, high, *map(float, values)])
+                    entry["descriptive"]["range"] = kind_range(entry["kind"], [low, high, *map(float, values)],
+                                                                  entry["stat"])
             if "null_interval" in old.get(key, {}) and says_null(key, number["value"]):
                 entry["null_interval"] = old[key]["null_interval"]   # the same, while the interval still says null
             if "tolerance" in old.get(key, {}):

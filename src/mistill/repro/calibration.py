@@ -54,7 +54,7 @@ from mistill.io import atomic_open, code_version, file_sha256, read_json, write_
 from mistill.repro.check import run_check
 from mistill.repro.machine import describe_machine
 from mistill.repro.numbers import read_numbers
-from mistill.repro.registry import Registry, expected_path
+from mistill.repro.registry import Registry, expected_path, statistic_words
 from mistill.repro.tolerance import flatten, says_null, shape
 
 SPREAD_FILE = "spread.json"
@@ -138,15 +138,21 @@ def round_up(x: float, digits: int = 2) -> float:
     return float(exact.quantize(quantum, rounding=ROUND_CEILING))
 
 
-def kind_range(kind: str, values: list[float]) -> list[float]:
-    """The range a descriptive value of `kind` must lie in (its golden and replicates `values` decide
-    whether a share or percent is a bounded proportion or an unbounded ratio)."""
+# A statistic that names a ratio measures no proportion, whatever values it took so far (a lift of 0.999
+# on one machine is 1.004 on another).
+RATIO_WORDS = ("lift", "ratio", "perplexity", "odds")
+
+
+def kind_range(kind: str, values: list[float], stat: str = "") -> list[float]:
+    """The range a descriptive value of `kind` must lie in. A share or percent is a bounded proportion
+    unless its statistic names a ratio or its golden and replicates (`values`) already left the bound."""
     if kind == "p_value":
         return [0.0, 1.0]
     if kind == "count":
         return [0.0, math.inf]
     bound = {"share": 1.0, "percent": 100.0}.get(kind)
-    if bound is not None and all(abs(v) <= bound for v in values):
+    ratio = any(word in RATIO_WORDS for word in statistic_words(stat))
+    if bound is not None and not ratio and all(abs(v) <= bound for v in values):
         return [-bound, bound]
     return [-math.inf, math.inf]
 
@@ -162,11 +168,14 @@ class CalibratedValue:
 
 
 def calibrate(spreads: list[Spread], multiple: float, kinds: dict[tuple[str, str], str],
-              floors: dict[tuple[str, str], float] | None = None) -> list[CalibratedValue]:
+              floors: dict[tuple[str, str], float] | None = None,
+              stats: dict[tuple[str, str], str] | None = None) -> list[CalibratedValue]:
     """The tolerance and descriptive mark of every value its replicates moved beyond its floor (the
-    distance its present tolerance already allows, when given)."""
+    distance its present tolerance already allows, when given). An interval of a difference that
+    contains zero stays a null interval only while every replicate's interval contains zero too; one
+    that a replicate moved off zero says different things on different machines: descriptive."""
     out = []
-    floors = floors or {}
+    floors, stats = floors or {}, stats or {}
     for s in spreads:
         if s.spread == 0:
             continue
@@ -174,15 +183,20 @@ def calibrate(spreads: list[Spread], multiple: float, kinds: dict[tuple[str, str
         floor = floors.get((s.result_id, s.key), 0.0)
         tol = measured if measured > floor else None
         golden = flatten(s.golden) or []
+        seen = golden + [x for v in s.replicates.values() for x in (flatten(v) or [])]
+        where = (s.result_id, s.key)
         if says_null(s.key, s.golden):
-            out.append(CalibratedValue(s.result_id, s.key, tol, False, None, null_interval=True))
+            if all(says_null(s.key, v) for v in s.replicates.values()):
+                out.append(CalibratedValue(s.result_id, s.key, tol, False, None, null_interval=True))
+            else:
+                out.append(CalibratedValue(s.result_id, s.key, tol, True,
+                                           kind_range(kinds[where], seen, stats.get(where, ""))))
             continue
         descriptive = any(max(measured, floor) >= abs(g) for g in golden)
         if tol is None and not descriptive:
             continue
-        seen = golden + [x for v in s.replicates.values() for x in (flatten(v) or [])]
         out.append(CalibratedValue(s.result_id, s.key, tol, descriptive,
-                                   kind_range(kinds[(s.result_id, s.key)], seen) if descriptive else None))
+                                   kind_range(kinds[where], seen, stats.get(where, "")) if descriptive else None))
     return out
 
 
@@ -230,6 +244,7 @@ def apply_calibration(registry: Registry, profile: str, spread_path: Path) -> li
                                 f"the goldens now hold {current['value']!r}; rerun the calibration")
             spreads.append(Spread(rid, key, rec["golden"], rec["replicates"], rec["rms"], rec["spread"]))
     kinds = {(s.result_id, s.key): data["expected"][s.result_id][s.key]["kind"] for s in spreads}
+    stats = {(s.result_id, s.key): data["expected"][s.result_id][s.key].get("stat", "") for s in spreads}
     floors = {}
     for s in spreads:       # what the class tolerance allows already (a calibration never narrows it)
         exp = registry.expected(profile).values[s.result_id][s.key]
@@ -237,7 +252,7 @@ def apply_calibration(registry: Registry, profile: str, spread_path: Path) -> li
             floors[(s.result_id, s.key)] = min((exp.tolerance.allowed(g) for g in flatten(exp.value) or []),
                                                default=0.0)
     multiple = float(calibration["multiple"])
-    calibrated = calibrate(spreads, multiple, kinds, floors)
+    calibrated = calibrate(spreads, multiple, kinds, floors, stats)
     names = ", ".join(f"{n} ({p})" for n, p in calibration["replicates"].items())
     basis = (f"{CALIBRATED}: {multiple:g} x the RMS deviation from the golden over "
              f"{len(calibration['replicates'])} replicates: {names}")
@@ -249,6 +264,7 @@ def apply_calibration(registry: Registry, profile: str, spread_path: Path) -> li
         if c.tolerance is not None:
             entry["tolerance"] = {"absolute": c.tolerance, "basis": basis}
         mark(entry, c)
+    widen_ratio_ranges(data["expected"])
     data.setdefault("meta", {})["calibration"] = {
         "spreads": str(spread_path), "spreads_sha256": file_sha256(spread_path), "code_version": code_version(),
         "machine": describe_machine(),
@@ -256,6 +272,21 @@ def apply_calibration(registry: Registry, profile: str, spread_path: Path) -> li
     }
     write_expected(registry, profile, data_path, data)
     return calibrated
+
+
+def widen_ratio_ranges(expected: dict[str, dict[str, Any]]) -> list[tuple[str, str]]:
+    """Descriptive ranges bounded as a proportion's whose statistic names a ratio become unbounded (marks
+    written before kind_range read the statistic); returns the (result, key) pairs widened."""
+    widened = []
+    for rid, keys in expected.items():
+        for key, entry in keys.items():
+            bounds = (entry.get("descriptive") or {}).get("range")
+            if bounds is None or not math.isfinite(bounds[0]) or not math.isfinite(bounds[1]):
+                continue
+            if kind_range(entry["kind"], list(bounds), entry.get("stat", "")) == [-math.inf, math.inf]:
+                entry["descriptive"]["range"] = [-math.inf, math.inf]
+                widened.append((rid, key))
+    return widened
 
 
 def write_expected(registry: Registry, profile: str, data_path: Path, data: dict[str, Any]) -> None:

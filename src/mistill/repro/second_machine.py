@@ -118,7 +118,7 @@ def judge(exp: Expected, other: Any, multiple: float) -> MachineMove | None:
             return None
         # a list whose length the run decides (a validation walk that stopped elsewhere): it moved
         return MachineMove(exp.result_id, exp.key, math.inf, exp.tolerance.allowed(0.0), DESCRIPTIVE,
-                           kind_range(exp.kind, golden + got), any_length=True)
+                           kind_range(exp.kind, golden + got, exp.stat), any_length=True)
     move = max((abs(g - o) for g, o in zip(golden, got)), default=0.0)
     if math.isnan(move):
         return None
@@ -131,7 +131,7 @@ def judge(exp: Expected, other: Any, multiple: float) -> MachineMove | None:
     if says_null(exp.key, exp.value) and says_null(exp.key, other):
         return MachineMove(exp.result_id, exp.key, move, allowed, NULL)
     return MachineMove(exp.result_id, exp.key, move, allowed, DESCRIPTIVE,
-                       kind_range(exp.kind, golden + got))
+                       kind_range(exp.kind, golden + got, exp.stat))
 
 
 def measure_moves(registry: Registry, profile: str, run: MachineRun, multiple: float) -> list[MachineMove]:
