@@ -17,6 +17,7 @@ from mistill.repro.second_machine import (
     NULL,
     MachineRun,
     apply_machine_run,
+    contradicted_null,
     judge,
     measure_moves,
 )
@@ -51,6 +52,18 @@ def test_judge_by_hand():
     # not comparable: not numbers (a list of another length is described at any length: the next test)
     assert judge(expected("seeds", [0.1, 0.9]), [0.1, "x"], 4.0) is None
     assert judge(expected("level", 0.5), "n/a", 4.0) is None
+
+
+def test_a_null_interval_the_other_machine_moved_off_zero_becomes_descriptive():
+    calibrated = Tolerance(absolute=0.26, cls="T", basis="calibrated: 4 x test")
+    null = Expected("R-D25", "d_interval", [-0.006, 0.282], "95% interval", "share", "T", calibrated,
+                    null_interval_why="contains zero")
+    off = contradicted_null(null, [0.009, 0.306])                      # the Xeon run of R-D25
+    assert off.outcome == DESCRIPTIVE and off.off_zero and off.range == [-1.0, 1.0]
+    assert off.move == pytest.approx(0.024)
+    assert contradicted_null(null, [-0.02, 0.31]) is None              # still contains zero: stays null
+    assert contradicted_null(expected("d_interval", [-0.1, 0.2]), [0.01, 0.3]) is None   # never marked null
+    assert contradicted_null(null, [0.1]) is None                      # not comparable
 
 
 def test_one_run_cannot_size_a_tolerance():

@@ -23,6 +23,9 @@ and no mark yet, with ``move = max over elements |other_e - golden_e|``:
 * a list the other machine produced with another length (the cells a validation walk visited before
   its rule stopped it): descriptive with ``length: any``, its elements checked for range.
 
+A null interval, from the replicates or from an earlier run, that the other machine's interval no
+longer contains zero is descriptive too: whether the demo shows the difference is not settled.
+
 A value the other machine did not produce is left as it is; a numbers file of another profile is an
 error. `mistill repro calibrate machine <dir>` applies the rule and records the run in the expected
 values' ``meta.machines``; a later `bless` keeps the marks (bless.py), as it keeps the calibration's.
@@ -98,6 +101,7 @@ class MachineMove:
     outcome: str                   # KEPT, NULL or DESCRIPTIVE
     range: list[float] | None = None
     any_length: bool = False       # the other machine's list has another length
+    off_zero: bool = False         # a null interval that the other machine's interval no longer contains zero
 
 
 def unmeasured(exp: Expected) -> bool:
@@ -134,8 +138,21 @@ def judge(exp: Expected, other: Any, multiple: float) -> MachineMove | None:
                        kind_range(exp.kind, golden + got, exp.stat))
 
 
+def contradicted_null(exp: Expected, other: Any) -> MachineMove | None:
+    """A null interval whose interval on the other machine excludes zero: descriptive from now on."""
+    if exp.null_interval_why is None or not flat_numbers(other) or shape(other) != shape(exp.value):
+        return None
+    if says_null(exp.key, other):
+        return None
+    golden, got = flatten(exp.value), flatten(other)
+    move = max(abs(g - o) for g, o in zip(golden, got))
+    return MachineMove(exp.result_id, exp.key, move, exp.tolerance.allowed(0.0), DESCRIPTIVE,
+                       kind_range(exp.kind, golden + got, exp.stat), off_zero=True)
+
+
 def measure_moves(registry: Registry, profile: str, run: MachineRun, multiple: float) -> list[MachineMove]:
-    """One MachineMove per unmeasured expected value that the other machine produced."""
+    """One MachineMove per unmeasured expected value that the other machine produced, and one per null
+    interval it moved off zero."""
     expected = registry.expected(profile).values
     moves = []
     for path in sorted(run.results.glob("R-*.json")):
@@ -143,14 +160,19 @@ def measure_moves(registry: Registry, profile: str, run: MachineRun, multiple: f
         if numbers.profile != profile:
             raise UserError(f"{path}: a numbers file of profile {numbers.profile!r}, not {profile!r}")
         for key, exp in expected.get(numbers.id, {}).items():
-            if key in numbers.values and unmeasured(exp):
-                judged = judge(exp, numbers.values[key]["value"], multiple)
-                if judged is not None:
-                    moves.append(judged)
+            if key not in numbers.values:
+                continue
+            other = numbers.values[key]["value"]
+            judged = judge(exp, other, multiple) if unmeasured(exp) else contradicted_null(exp, other)
+            if judged is not None:
+                moves.append(judged)
     return moves
 
 
 def why(run: MachineRun, m: MachineMove, multiple: float) -> str:
+    if m.off_zero:
+        return (f"a 95% interval of a difference that contains zero here, and not on {run.name} ({run.cpu}): "
+                f"whether the demo shows the difference depends on the machine, so it is only described")
     if m.any_length:
         return (f"not yet measured by the replicates; a run on {run.name} ({run.cpu}) gave a list of another "
                 f"length (a walk that stopped elsewhere): checked for presence and range, of any length, until "
@@ -171,6 +193,7 @@ def apply_machine_run(registry: Registry, profile: str, run: MachineRun, multipl
         if m.outcome == NULL:
             entry["null_interval"] = {"why": NULL_WHY}
         elif m.outcome == DESCRIPTIVE:
+            entry.pop("null_interval", None)
             entry["descriptive"] = {"range": m.range, "why": why(run, m, multiple)}
             if m.any_length:
                 entry["descriptive"]["length"] = "any"
