@@ -110,13 +110,12 @@ def measure_spreads(registry: Registry, profile: str, replicate_dirs: list[Path]
                         if key in per[rid].values}
             # A replicate that trains under another seed writes a per-seed list of the one seed it trained:
             # not the same quantity as the golden's list over the profile's seeds, so not a deviation of it.
-            other = {name: v for name, v in produced.items() if shape(v) != shape(exp.value)}
-            comparable = [v for name, v in produced.items() if name not in other]
+            comparable = {name: v for name, v in produced.items() if shape(v) == shape(exp.value)}
             if not comparable:
                 continue
-            rms = rms_deviation(exp.value, comparable)
-            spreads.append(Spread(rid, key, exp.value, {n: v for n, v in produced.items() if n not in other},
-                                  rms, max(rms), other))
+            other = {name: v for name, v in produced.items() if name not in comparable}
+            rms = rms_deviation(exp.value, list(comparable.values()))
+            spreads.append(Spread(rid, key, exp.value, comparable, rms, max(rms), other))
     return spreads
 
 
@@ -183,20 +182,17 @@ def calibrate(spreads: list[Spread], multiple: float, kinds: dict[tuple[str, str
         floor = floors.get((s.result_id, s.key), 0.0)
         tol = measured if measured > floor else None
         golden = flatten(s.golden) or []
+        if says_null(s.key, s.golden):
+            null = all(says_null(s.key, v) for v in s.replicates.values())
+            descriptive = not null
+        else:
+            null, descriptive = False, any(max(measured, floor) >= abs(g) for g in golden)
+            if tol is None and not descriptive:
+                continue
         seen = golden + [x for v in s.replicates.values() for x in (flatten(v) or [])]
         where = (s.result_id, s.key)
-        if says_null(s.key, s.golden):
-            if all(says_null(s.key, v) for v in s.replicates.values()):
-                out.append(CalibratedValue(s.result_id, s.key, tol, False, None, null_interval=True))
-            else:
-                out.append(CalibratedValue(s.result_id, s.key, tol, True,
-                                           kind_range(kinds[where], seen, stats.get(where, ""))))
-            continue
-        descriptive = any(max(measured, floor) >= abs(g) for g in golden)
-        if tol is None and not descriptive:
-            continue
-        out.append(CalibratedValue(s.result_id, s.key, tol, descriptive,
-                                   kind_range(kinds[where], seen, stats.get(where, "")) if descriptive else None))
+        bounds = kind_range(kinds[where], seen, stats.get(where, "")) if descriptive else None
+        out.append(CalibratedValue(s.result_id, s.key, tol, descriptive, bounds, null_interval=null))
     return out
 
 

@@ -247,6 +247,9 @@ def cmd_machine(args) -> int:
             fh.write(VALUES_DOC_HEAD.format(profile=params["profile"])
                      + findings_table(registry, params["profile"], tuple(distillation), every=True) + "\n")
         print(f"rewrote the value-checks table in {args.readme} and every value's check in {values_doc}")
-    print(f"{run.name} ({run.cpu}): {len(moves)} unmeasured values compared, {sum(m.move > 0 for m in moves)} moved, "
-          f"{len(moves) - len(marked)} kept (moved at most 1/{multiple:g} of their tolerance), {verb} {len(marked)}")
+    unmeasured_moves = [m for m in moves if not m.off_zero]
+    print(f"{run.name} ({run.cpu}): {len(unmeasured_moves)} unmeasured values compared, "
+          f"{sum(m.move > 0 for m in unmeasured_moves)} moved, {len(moves) - len(marked)} kept (moved at most "
+          f"1/{multiple:g} of their tolerance), {verb} {len(marked)} (of which "
+          f"{len(moves) - len(unmeasured_moves)} null intervals it moved off zero)")
     return 0
