@@ -57,7 +57,8 @@ def timed_repro(workdir: Path, targets: list[str], out: dict) -> None:
     tail: list[str] = []
     for line in proc.stdout:
         if m := RUNNING.search(line):
-            marks.append((m.group(1), time.perf_counter() - start))
+            # a family file's stage (pipelines/<family>/dvc.yaml:NAME) by its name, as older commits name it
+            marks.append((m.group(1).rsplit(":", 1)[-1], time.perf_counter() - start))
         tail = (tail + [line.rstrip()])[-20:]
     proc.wait()
     end = time.perf_counter() - start

@@ -12,7 +12,8 @@ def _git(root, *args):
 
 
 def test_pipeline_outputs_do_not_make_the_tree_dirty(tmp_path, monkeypatch):
-    for path, text in (("dvc.lock", "a\n"), ("results/R-C1.json", "{}\n"), ("src/x.py", "x = 1\n")):
+    for path, text in (("dvc.lock", "a\n"), ("pipelines/distill/dvc.lock", "a\n"), ("results/R-C1.json", "{}\n"),
+                       ("src/x.py", "x = 1\n")):
         (tmp_path / path).parent.mkdir(parents=True, exist_ok=True)
         (tmp_path / path).write_text(text)
     _git(tmp_path, "init", "-q")
@@ -22,6 +23,7 @@ def test_pipeline_outputs_do_not_make_the_tree_dirty(tmp_path, monkeypatch):
     head = code_version()
     assert len(head) == 40 and "+" not in head
     (tmp_path / "dvc.lock").write_text("b\n")
+    (tmp_path / "pipelines" / "distill" / "dvc.lock").write_text("b\n")
     (tmp_path / "results" / "R-C1.json").write_text('{"x": 1}\n')
     assert code_version() == head
     (tmp_path / "src" / "x.py").write_text("x = 2\n")

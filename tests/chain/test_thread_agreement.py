@@ -24,6 +24,7 @@ from pathlib import Path
 import pytest
 
 from mistill.params import load_all, load_params
+from mistill.repro.pipeline import stage_addresses
 from mistill.repro.registry import load_registry
 from mistill.repro.replicates import CalibrationConfig, Replicate, Workspace
 from tests.repro.repro_helpers import REPO
@@ -50,12 +51,12 @@ def _dvc(args: list[str], cwd: Path) -> subprocess.CompletedProcess:
 @pytest.fixture(scope="module")
 def chain_inputs(tmp_path_factory) -> Path:
     """A checkout whose distillation inputs are current: this one, or a clone that builds them."""
-    status = _dvc(["status", *UPSTREAM], REPO)
+    status = _dvc(["status", *stage_addresses(REPO, UPSTREAM).values()], REPO)
     if status.returncode == 0 and "up to date" in status.stdout:
         return REPO
     clone = tmp_path_factory.mktemp("chain") / "repo"
     subprocess.run(["git", "clone", "-q", "--local", str(REPO), str(clone)], check=True)
-    built = _dvc(["repro", *UPSTREAM], clone)
+    built = _dvc(["repro", *stage_addresses(clone, UPSTREAM).values()], clone)
     assert built.returncode == 0, built.stdout[-3000:] + built.stderr[-3000:]
     return clone
 
@@ -64,7 +65,7 @@ def _run_arm(repo: Path, scratch: Path, threads: int) -> dict:
     config = CalibrationConfig.from_params(load_params(repo / "params.yaml"))
     ws = Workspace(scratch / f"threads-{threads}", Replicate(f"threads-{threads}", threads=threads))
     ws.build(repo, load_all(repo / "params.yaml"), config)
-    ws.run_stages(STAGES, log=lambda line: None)
+    ws.run_stages(stage_addresses(repo, STAGES), log=lambda line: None)
     out = ws.root / "artifacts" / "DT-eval" / ARM
     task = json.loads((out / "task.json").read_text())["metrics"]
     m1 = json.loads((out / "m1.json").read_text())["m1"]

@@ -268,7 +268,7 @@ def test_mistill_runs_train_with_the_selected_lambda(project, capsys):
 
     (project / "select" / "picks" / "g.json").unlink()
     assert main(["distill", "train", "--arm", "mistill", "--seed", "1"]) == 2
-    assert "no λ selection (run `dvc repro DT-select@g`)" in capsys.readouterr().err
+    assert "no λ selection (run `dvc repro pipelines/distill/dvc.yaml:DT-select@g`)" in capsys.readouterr().err
     params["demo"]["distill"]["lambda_p1"] = 0.1
     (project / "params.yaml").write_text(yaml.safe_dump(params))
     assert main(["distill", "train", "--arm", "mistill", "--seed", "1"]) == 2

@@ -11,6 +11,15 @@ from pathlib import Path
 from mistill.repro.registry import Registry
 
 REPO = Path(__file__).resolve().parents[2]
+
+
+def copy_pipeline(dst: Path, src: Path = REPO) -> None:
+    """The pipeline's files (the root dvc.yaml and the family files, mistill.repro.pipeline) into `dst`."""
+    from mistill.repro.pipeline import pipeline_files
+
+    for name in pipeline_files(src):
+        (dst / name).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy(src / name, dst / name)
 SHARED_SPEC = REPO.parent / "shared" / "spec" / "paper_registry.yaml"
 
 

@@ -93,11 +93,15 @@ def test_a_dirty_tree_is_refused_naming_how_many_files(git_root, monkeypatch, ca
     (git_root / "src").mkdir()
     (git_root / "src" / "reader.py").write_text("A = 1\n")
     (git_root / "dvc.lock").write_text("schema: '2.0'\n")
+    (git_root / "pipelines" / "distill").mkdir(parents=True)
+    (git_root / "pipelines" / "distill" / "dvc.yaml").write_text("stages: {}\n")
+    (git_root / "pipelines" / "distill" / "dvc.lock").write_text("schema: '2.0'\n")
     commit_all(git_root)
     (git_root / "src" / "reader.py").write_text("A = 2\n")
     (git_root / "registry.yaml").write_text((git_root / "registry.yaml").read_text() + "\n# edited\n")
     # What the pipeline writes is not code: a rerun's dvc.lock and numbers files do not make the tree dirty.
     (git_root / "dvc.lock").write_text("schema: '2.0'\nstages: {}\n")
+    (git_root / "pipelines" / "distill" / "dvc.lock").write_text("schema: '2.0'\nstages: {}\n")
     write_fixture(git_root / "results", "R-C1", demo_values(p1_event_count=322), profile="demo")
     capsys.readouterr()
     assert bless(git_root, "R-C1") == 2

@@ -10,7 +10,7 @@ import pytest
 from mistill.errors import UserError
 from mistill.params import load_params
 from mistill.repro.grid import Job, arm_jobs, executor, submit
-from tests.repro.repro_helpers import REPO
+from tests.repro.repro_helpers import REPO, copy_pipeline
 
 
 @pytest.mark.filterwarnings("ignore::DeprecationWarning")
@@ -73,8 +73,8 @@ def test_a_control_is_one_params_entry_that_adds_its_stages_and_stales_nothing_e
 
     from mistill.params import load_all
 
-    for name in ("dvc.yaml", "params.yaml"):
-        shutil.copy(REPO / name, tmp_path / name)
+    copy_pipeline(tmp_path)
+    shutil.copy(REPO / "params.yaml", tmp_path / "params.yaml")
     subprocess.run([sys.executable, "-m", "dvc", "init", "--no-scm", "-q"], cwd=tmp_path, check=True)
     data = load_all(tmp_path / "params.yaml")
     data["demo"]["variants"]["arms"]["fakectl"] = {"student": "smol", "seed": 2, "precision": "bf16", "k": 3}
@@ -108,8 +108,8 @@ def test_the_mistill_runs_depend_on_the_selection_stage_they_read(tmp_path):
 
     from dvc.repo import Repo
 
-    for name in ("dvc.yaml", "params.yaml"):
-        shutil.copy(REPO / name, tmp_path / name)
+    copy_pipeline(tmp_path)
+    shutil.copy(REPO / "params.yaml", tmp_path / "params.yaml")
     subprocess.run([sys.executable, "-m", "dvc", "init", "--no-scm", "-q"], cwd=tmp_path, check=True)
     params = load_params(REPO / "params.yaml")
     picks = f"{params['selection']['dir']}/picks"

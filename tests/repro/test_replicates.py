@@ -10,6 +10,7 @@ from safetensors.torch import load_file, save_file
 
 from mistill.errors import UserError
 from mistill.params import load_all, load_params
+from mistill.repro.pipeline import stage_addresses
 from mistill.repro.replicates import (
     CalibrationConfig,
     Replicate,
@@ -126,7 +127,7 @@ def test_a_workspace_links_inputs_copies_students_and_runs_dvc(tmp_path):
     student = load_file(str(ws.root / "models" / "demo" / "student-qwen" / "model.safetensors"))["w"]
     assert not torch.equal(student, torch.ones(4))
     assert load_params(ws.root / "params.yaml")["models"]["threads"] == 1
-    ws.run_stages(config.stages, log=lambda line: None)
+    ws.run_stages(stage_addresses(ws.root, config.stages), log=lambda line: None)
     assert (ws.root / "count.txt").read_text().split()[0] == "1"
 
 
@@ -156,8 +157,34 @@ def test_a_workspace_passes_its_environment_to_the_stage_commands(tmp_path):
                                multiple=4.0, replicates=())
     ws = Workspace(repo / "s" / "e", Replicate("e", env=(("MISTILL_PROBE", "avx512"),)))
     ws.build(repo, data, config)
-    ws.run_stages(config.stages, log=lambda line: None)
+    ws.run_stages(stage_addresses(ws.root, config.stages), log=lambda line: None)
     assert (ws.root / "probe.txt").read_text().strip() == "avx512"
+
+
+def test_a_workspace_copies_the_family_pipelines_and_runs_their_stages_in_the_root(tmp_path):
+    """A stage of a family file (pipelines/<name>/dvc.yaml, wdir ../..) is copied with the root file and
+    addressed through its file; it reads the workspace's params.yaml and writes beside the root's stage."""
+    repo = tmp_path / "repo"
+    (repo / "models" / "demo").mkdir(parents=True)
+    (repo / "dvc.yaml").write_text("stages:\n  FIRST:\n    cmd: echo one > first.txt\n    outs: [first.txt]\n")
+    (repo / "pipelines" / "family").mkdir(parents=True)
+    (repo / "pipelines" / "family" / "dvc.yaml").write_text(
+        "vars:\n  - ../../params.yaml\nstages:\n  SECOND:\n    wdir: ../..\n"
+        "    cmd: cat first.txt > second.txt && echo ${profile.models.threads} >> second.txt\n"
+        "    deps: [first.txt]\n    params: [profile.models.threads]\n    outs: [second.txt]\n")
+    data = {"demo": {"name": "demo", "models": {"dir": "models/demo", "threads": 2}, "distill": {"seeds": [0]}}}
+    data["profile"] = data["demo"]
+    config = CalibrationConfig(scratch=Path("s"), out=Path("o"), inputs=(), stages=("FIRST", "SECOND"), results=(),
+                               multiple=4.0, replicates=())
+    ws = Workspace(repo / "s" / "f", Replicate("f", threads=1))
+    ws.build(repo, data, config)
+    targets = stage_addresses(ws.root, config.stages)
+    assert targets == {"FIRST": "FIRST", "SECOND": "pipelines/family/dvc.yaml:SECOND"}
+    ws.run_stages(targets, log=lambda line: None)
+    assert (ws.root / "second.txt").read_text().split() == ["one", "1"]     # the replicate's one thread
+    family_lock = yaml.safe_load((ws.root / "pipelines" / "family" / "dvc.lock").read_text())
+    root_lock = yaml.safe_load((ws.root / "dvc.lock").read_text())
+    assert set(family_lock["stages"]) == {"SECOND"} and set(root_lock["stages"]) == {"FIRST"}
 
 
 def test_the_paper_profile_has_no_replicates_to_run():

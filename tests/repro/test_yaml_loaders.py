@@ -8,9 +8,11 @@ from __future__ import annotations
 import pytest
 from ruamel.yaml import YAML
 
+from mistill.repro.pipeline import lock_files, pipeline_files
 from tests.repro.repro_helpers import REPO
 
-PIPELINE_FILES = ["params.yaml", "dvc.yaml", "dvc.lock", "calibration/dvc.yaml", "calibration/dvc.lock"]
+PIPELINE_FILES = ["params.yaml", *(p.as_posix() for p in (*pipeline_files(REPO), *lock_files(REPO))),
+                  "calibration/dvc.yaml", "calibration/dvc.lock"]
 
 
 def test_the_c_parser_is_what_dvc_gets():

@@ -12,7 +12,7 @@ def _responses(path: Path) -> dict[str, dict]:
     from mistill.io import iter_json_lines
 
     if not path.exists():
-        raise UserError(f"{path}: no student responses for DistiLLM-2 (run `dvc repro DT-responses` first)")
+        raise UserError(f"{path}: no student responses for DistiLLM-2 (run `dvc repro pipelines/distill/dvc.yaml:DT-responses` first)")
     return {row["note_id"]: row for _, row in iter_json_lines(path, "student responses")}
 
 

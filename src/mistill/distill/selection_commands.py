@@ -63,7 +63,7 @@ def read_selection(selection: dict, name: str) -> dict:
 
     path = selection_file(selection, name)
     if not path.is_file():
-        raise UserError(f"{path}: no λ selection (run `dvc repro DT-select@{name}`)")
+        raise UserError(f"{path}: no λ selection (run `dvc repro pipelines/distill/dvc.yaml:DT-select@{name}`)")
     return read_json(path, "λ selection")
 
 

@@ -63,7 +63,7 @@ class Family:
             if not all(math.isclose(float(trained[f"lambda_{p}"]), self.lam) for p in ("p1", "p2")):
                 raise UserError(f"{run.run_config_path}: trained at lambda_P1 {trained['lambda_p1']}, lambda_P2 "
                                 f"{trained['lambda_p2']}, not grid {self.grid}'s pick {self.lam:g}; re-run "
-                                f"`dvc repro DT-variant@{run.name}`")
+                                f"`dvc repro pipelines/distill/dvc.yaml:DT-variant@{run.name}`")
 
     @property
     def seeds(self) -> list[int]:

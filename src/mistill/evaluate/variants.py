@@ -258,6 +258,6 @@ class VariantReadout:
         """The variant's training run config (config.json: its arm, with the λ it trained with)."""
         path = self.run_config_path
         if not path.is_file():
-            raise UserError(f"{path}: no training run config; run `dvc repro DT-variant@{self.name}`")
+            raise UserError(f"{path}: no training run config; run `dvc repro pipelines/distill/dvc.yaml:DT-variant@{self.name}`")
         self.inputs.append(path)
         return read_json(path, "training run config")

@@ -46,7 +46,7 @@ PROFILE = "rehearsal"
 TARGETS = ("R-D6", "R-D1", "R-D2", "R-D5", "R-D0", "R-D21", "R-D18", "R-D16", "R-C5", "R-C10", "R-C11", "R-D28",
            "R-C9", "R-D33", "R-D34", "R-D35", "R-C14", "R-D24", "R-D25", "R-D14", "R-D13", "R-D7", "R-D23", "R-D10",
            "R-D12", "R-D26", "R-D27", "R-D31", "R-D32", "R-D29", "R-D36", "R-C15")
-COPIED = ("dvc.yaml", "registry.yaml", "readers", "src/mistill", "results/expected")
+COPIED = ("dvc.yaml", "pipelines", "registry.yaml", "readers", "src/mistill", "results/expected")
 FAKES = Path("tests") / "fakes"
 STAND_INS = "stand-ins"
 SCRIPT_ENV = "MISTILL_FAKE_VLLM_SCRIPT"        # read by tests/fakes/vllm: scripted traces instead of random ids
@@ -120,7 +120,7 @@ def build_rehearsal(out: str | Path, *, repo: str | Path = ".") -> Rehearsal:
     if out.exists() and any(out.iterdir()):
         raise UserError(f"{out}: not empty; give a new directory for the rehearsal")
     out.mkdir(parents=True, exist_ok=True)
-    ignore = shutil.ignore_patterns("__pycache__", "*.pyc", "*.egg-info")
+    ignore = shutil.ignore_patterns("__pycache__", "*.pyc", "*.egg-info", "dvc.lock")   # the demo run's locks
     for name in COPIED:
         source = repo / name
         if source.is_dir():

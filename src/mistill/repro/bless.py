@@ -40,6 +40,7 @@ from mistill.repro.calibration import kind_range
 from mistill.repro.check import FAIL, NOT_REPRODUCED, CheckLine, fmt_value, run_check
 from mistill.repro.machine import describe_machine
 from mistill.repro.numbers import NumbersFile, hash_inputs, numbers_path, read_numbers
+from mistill.repro.pipeline import lock_files
 from mistill.repro.registry import EXPECTED_DIR, Registry, expected_path, infer_kind
 from mistill.repro.registry_md import REGISTRY_MD
 from mistill.repro.tolerance import says_null
@@ -47,7 +48,7 @@ from mistill.repro.tolerance import says_null
 # Verdicts of the check that make blessing a change of the goldens rather than a refresh of them.
 BREACH_VERDICTS = (FAIL, NOT_REPRODUCED)
 # Tracked files the pipeline and bless itself write: changes to them are not changes to the code.
-PIPELINE_OUTPUTS = ("dvc.lock", REGISTRY_MD)
+PIPELINE_OUTPUTS = (REGISTRY_MD,)           # and every pipeline file's dvc.lock (mistill.repro.pipeline)
 
 HEADER = """\
 # Expected values of the {profile} profile: goldens from a reference run, written by
@@ -190,7 +191,7 @@ def refuse_uncommitted_code(root: Path, results_dir: str | Path) -> None:
 
 def _pipeline_outputs(root: Path, results_dir: str | Path) -> list[str]:
     """Paths relative to `root` that the pipeline and bless write (the results directory among them)."""
-    written = list(PIPELINE_OUTPUTS)
+    written = [*(p.as_posix() for p in lock_files(root)), *PIPELINE_OUTPUTS]
     for directory in (Path(results_dir), Path(root) / EXPECTED_DIR):
         try:
             written.append(directory.resolve().relative_to(root.resolve()).as_posix())

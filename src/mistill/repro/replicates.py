@@ -27,7 +27,7 @@ A replicate runs in a scratch workspace of its own (`<calibration.scratch>/<name
 project whose inputs (`calibration.inputs`: the world data, the teacher's traces, events, head
 sets and distillation targets) are hard links to this checkout's artifacts, whose model
 directory is a copy (perturbed or not), and whose `params.yaml` is this one with the
-replicate's overrides. The very stage definitions of `dvc.yaml` run there, one
+replicate's overrides. The very stage definitions of the pipeline files run there, one
 `dvc repro --single-item <stage>` after another, so a replicate executes the commands the
 pipeline executes. None of those stages writes an input (`check_inputs_not_written`), so the
 hard links never let a replicate touch this checkout. A replicate whose numbers files are all
@@ -52,10 +52,11 @@ import yaml
 
 from mistill.errors import UserError
 from mistill.io import write_json
+from mistill.repro.pipeline import pipeline_files, stage_addresses
 
-# What a replicate workspace needs besides its inputs: the pipeline, the registry and the
-# readers (DVC hashes them as dependencies; the commands themselves run the installed package).
-PROJECT_FILES = ("dvc.yaml", "registry.yaml", ".dvcignore")
+# What a replicate workspace needs besides its inputs: the pipeline files (mistill.repro.pipeline), the
+# registry and the readers (DVC hashes them as dependencies; the commands run the installed package).
+PROJECT_FILES = ("registry.yaml", ".dvcignore")
 PROJECT_TREES = ("src", "readers", "results/expected")
 DONE_FILE = "replicate.json"
 
@@ -218,8 +219,9 @@ class Workspace:
         if self.root.exists():
             shutil.rmtree(self.root)              # a half-built workspace from a killed run
         self.root.mkdir(parents=True)
-        for name in PROJECT_FILES:
+        for name in [*pipeline_files(repo), *PROJECT_FILES]:
             if (repo / name).exists():
+                (self.root / name).parent.mkdir(parents=True, exist_ok=True)
                 shutil.copy2(repo / name, self.root / name)
         for tree in PROJECT_TREES:
             if (repo / tree).exists():
@@ -246,11 +248,12 @@ class Workspace:
         _dvc(["config", "core.analytics", "false"], self.root)
         marker.write_text(json.dumps(asdict(self.rep)) + "\n", encoding="utf-8")
 
-    def run_stages(self, stages: tuple[str, ...], log) -> list[dict[str, Any]]:
+    def run_stages(self, stages: dict[str, str], log) -> list[dict[str, Any]]:
+        """Run each stage (name -> its DVC target) alone, in order; return their wall times."""
         times = []
-        for stage in stages:
+        for stage, target in stages.items():
             start = time.perf_counter()
-            _dvc(["repro", "--single-item", stage], self.root, dict(self.rep.env))
+            _dvc(["repro", "--single-item", target], self.root, dict(self.rep.env))
             seconds = time.perf_counter() - start
             times.append({"stage": stage, "wall_s": round(seconds, 1)})
             log(f"  {self.rep.name}: {stage} {seconds:.0f} s")
@@ -333,6 +336,7 @@ def run_replicates(repo: Path, config: CalibrationConfig, *, log=print) -> list[
     if not config.replicates:
         raise UserError("params.yaml calibration.replicates is empty: this profile has no replicates to run "
                         "(its expected values are not calibrated here)")
+    targets = stage_addresses(repo, config.stages)
     outs = stage_outs(repo, config.stages)
     check_inputs_not_written(config, outs)
     check_inputs_cover_deps(config, stage_deps(repo, config.stages), outs)
@@ -348,7 +352,7 @@ def run_replicates(repo: Path, config: CalibrationConfig, *, log=print) -> list[
         workspace = Workspace(repo / config.scratch / rep.name, rep)
         workspace.build(repo, data, config)
         start = time.perf_counter()
-        times = workspace.run_stages(config.stages, log)
+        times = workspace.run_stages(targets, log)
         out_dir.mkdir(parents=True, exist_ok=True)
         for rid in config.results:
             source = workspace.root / "results" / f"{rid}.json"

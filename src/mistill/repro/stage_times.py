@@ -29,6 +29,7 @@ from pathlib import Path
 
 from mistill.errors import UserError
 from mistill.io import atomic_open
+from mistill.repro.pipeline import stage_name
 
 LOG = Path(".dvc/tmp/mistill/stage_times.jsonl")
 RESULT_ID = re.compile(r"R-[CD]\d+")     # a result's stage: its reader, seconds each
@@ -49,7 +50,8 @@ def recorded(argv: list[str]):
     recorded (DVC fails the stage, so there is no run to time); one that returns a status is.
     """
     # under torchrun the stage is one command on several processes: rank 0 records it
-    stage = os.environ.get("DVC_STAGE") if os.environ.get("RANK", "0") == "0" else None
+    address = os.environ.get("DVC_STAGE") if os.environ.get("RANK", "0") == "0" else None
+    stage = stage_name(address) if address else None    # a family file's stage by its name alone
     start_wall, start_cpu = time.perf_counter(), time.process_time()
     started = datetime.now(timezone.utc).isoformat(timespec="milliseconds")
     yield

@@ -1,0 +1,75 @@
+"""The pipeline's files: the root dvc.yaml and the family files under pipelines/ make one graph whose
+stages run in the repository root, are named once, and keep their lock entries beside their file."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import yaml
+
+from mistill.errors import UserError
+from mistill.repro.pipeline import ROOT_PIPELINE, lock_files, pipeline_files, stage_addresses, stage_name
+from tests.repro.repro_helpers import REPO
+
+
+def _stages_by_file() -> dict[str, list]:
+    from dvc.repo import Repo
+
+    files = {p.as_posix() for p in pipeline_files(REPO)}
+    by_file: dict[str, list] = {f: [] for f in files}
+    with Repo(str(REPO)) as repo:
+        for stage in repo.index.stages:
+            path = Path(stage.path).relative_to(REPO).as_posix()
+            if path in files:
+                by_file[path].append(stage)
+    return by_file
+
+
+@pytest.fixture(scope="module")
+def stages_by_file():
+    return _stages_by_file()
+
+
+def test_the_pipeline_is_the_root_file_and_three_family_files():
+    assert [p.as_posix() for p in pipeline_files(REPO)] == [
+        "dvc.yaml", "pipelines/distill/dvc.yaml", "pipelines/evaluate/dvc.yaml", "pipelines/own-heads/dvc.yaml"]
+    assert [p.as_posix() for p in lock_files(REPO)][1] == "pipelines/distill/dvc.lock"
+
+
+def test_every_stage_runs_in_the_repository_root(stages_by_file):
+    """A family file's stages declare wdir ../..: their commands, deps and outs read as the root's do."""
+    for stages in stages_by_file.values():
+        for stage in stages:
+            assert Path(stage.wdir).resolve() == REPO.resolve(), stage.addressing
+
+
+def test_stage_names_are_unique_across_files_and_the_readers_are_in_the_root(stages_by_file):
+    """Stage times, the grid and the calibration name a stage by its name alone; `dvc repro R-D6` finds a
+    reader only in the root file."""
+    names = [s.name for stages in stages_by_file.values() for s in stages]
+    assert len(names) == len(set(names))
+    for path, stages in stages_by_file.items():
+        readers = [s.name for s in stages if s.name.startswith("R-")]
+        assert not readers or path == ROOT_PIPELINE, (path, readers)
+    assert sum(len(s) for s in stages_by_file.values()) > 300
+
+
+def test_each_lock_holds_only_its_own_files_stages(stages_by_file):
+    """DVC never prunes the entry of a stage renamed or moved to another file; such an entry would only
+    make every stage's lock rewrite slower."""
+    for pipeline, lock in zip(pipeline_files(REPO), lock_files(REPO)):
+        if not (REPO / lock).exists():
+            continue
+        entries = set(yaml.safe_load((REPO / lock).read_text())["stages"])
+        defined = {s.name for s in stages_by_file[pipeline.as_posix()]}
+        assert not entries - defined, (lock.as_posix(), sorted(entries - defined)[:5])
+
+
+def test_a_family_stage_is_addressed_through_its_file():
+    targets = stage_addresses(REPO, ["R-D6", "DT-000", "EV-variant@k8", "HD-S-untrained"])
+    assert targets == {"R-D6": "R-D6", "DT-000": "pipelines/distill/dvc.yaml:DT-000",
+                       "EV-variant@k8": "pipelines/evaluate/dvc.yaml:EV-variant@k8", "HD-S-untrained": "HD-S-untrained"}
+    assert {stage_name(t) for t in targets.values()} == set(targets)
+    with pytest.raises(UserError, match="no stage DT-999 in dvc.yaml"):
+        stage_addresses(REPO, ["DT-999"])
