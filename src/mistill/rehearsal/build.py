@@ -1,7 +1,7 @@
 """`build_rehearsal(out)`: a working copy that runs the paper profile's chain on stand-ins.
 
 params.yaml's `rehearsal` section is the paper profile's structure (keys, seeds, arms, loaders, vLLM,
-YaRN, revision pins) at CPU sizes.  The working copy is the repository's pipeline (dvc.yaml,
+YaRN, revision pins) at CPU sizes.  The working copy is the repository's pipeline (dvc.yaml, pipelines/,
 registry.yaml, readers/, src/mistill/, results/expected/) with `profile: *rehearsal`, plus what the
 paper profile expects to find on a GPU cluster, replaced by stand-ins:
 

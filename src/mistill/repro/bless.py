@@ -9,7 +9,7 @@ marked ``blessable: false`` (the paper's printed values) cannot be blessed.
 Before writing anything, bless refuses
 
 * a work tree with uncommitted changes to tracked files (other than what the
-  pipeline and bless write: dvc.lock, the results directory, REGISTRY.md), so
+  pipeline and bless write: every dvc.lock, the results directory, REGISTRY.md), so
   that the provenance's commit names the code that made the numbers;
 * a numbers file whose recorded input hashes no longer match the artifacts on
   disk (the numbers were read from other artifacts than the ones now there);

@@ -4,7 +4,7 @@ DVC runs one stage at a time in a workspace (`dvc repro` holds the repository's 
 independent chains (each training run, its evaluation and its own-heads chain) cannot be several
 `dvc repro` processes in one checkout. A job here runs the commands DVC would run for one arm and
 seed, in DVC's order, with the stage's name in `DVC_STAGE` as `dvc repro` sets it; when the array
-has finished, `dvc commit` records every output in dvc.lock and `dvc repro` finds them up to date.
+has finished, `dvc commit` records every output in the pipeline files' dvc.lock and `dvc repro` finds them up to date.
 Which stages belong to an arm is read from DVC's own stage graph: a training run (a matrix item
 of `grid.train_stages`) and every matrix item downstream of it with the same item key.
 
@@ -55,7 +55,7 @@ def arm_jobs(repo: str | Path, train_stages: Sequence[str]) -> list[Job]:
         by_name = {s.name: s for s in graph}
         unknown = [t for t in train_stages if not any(n.split("@")[0] == t for n in by_name)]
         if unknown:
-            raise UserError(f"grid.train_stages: no stage {', '.join(unknown)} in dvc.yaml")
+            raise UserError(f"grid.train_stages: no stage {', '.join(unknown)} in the pipeline files")
         order = {s.name: i for i, s in enumerate(reversed(list(nx.topological_sort(graph))))}
         jobs = []
         for name in sorted(n for n in by_name if "@" in n and n.split("@")[0] in train_stages):

@@ -78,14 +78,14 @@ class RemoteSettings:
 
 @dataclass(frozen=True)
 class StageOutput:
-    stage: str           # the stage's address in dvc.yaml (or the .dvc file)
+    stage: str           # the stage's address in its pipeline file (or the .dvc file)
     path: str            # as declared, relative to the repository root
     cached: bool         # false: `cache: false`, kept in git
     built: bool          # recorded in dvc.lock (or the .dvc file) with a hash
 
 
 def stage_outputs(root: str | Path = ".") -> list[StageOutput]:
-    """Every output of the pipeline (dvc.yaml stages, foreach/matrix expanded, and .dvc files)."""
+    """Every output of the pipeline (every pipeline file's stages, foreach/matrix expanded, and .dvc files)."""
     from dvc.exceptions import DvcException
     from dvc.repo import Repo
 

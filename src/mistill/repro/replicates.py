@@ -281,7 +281,7 @@ def _dvc(args: list[str], cwd: Path, extra_env: dict[str, str] | None = None) ->
 
 
 def stage_outs(repo: Path, stages: tuple[str, ...]) -> dict[str, list[str]]:
-    """Each named stage's outputs (metrics included), as dvc.yaml resolves them here: a stage group names
+    """Each named stage's outputs (metrics included), as the pipeline files resolve them here: a stage group names
     every item of a foreach stage, `group@item` one of them."""
     return _stage_paths(repo, stages, "outs")
 
@@ -305,7 +305,7 @@ def _stage_paths(repo: Path, stages: tuple[str, ...], kind: str) -> dict[str, li
                     if not isinstance(p, ParamsDependency))
     missing = [s for s in stages if s not in paths]
     if missing:
-        raise UserError(f"calibration.stages names stage(s) dvc.yaml does not define: {', '.join(missing)}")
+        raise UserError(f"calibration.stages names stage(s) no pipeline file defines: {', '.join(missing)}")
     return paths
 
 

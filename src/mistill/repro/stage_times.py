@@ -9,7 +9,7 @@ time, thread count). The log is machine-local and untracked, like the rest of `.
 `mistill repro stage-times` reads the log back: a stage's time is its latest run, that is the last
 contiguous block of its lines (a stage of several commands writes several lines in a row), and the
 table lists stages in the order they ran. Below it, the time DVC itself spends between stages
-(hashing outputs, committing them to the cache, rewriting `dvc.lock`, checking the next stage): the
+(hashing outputs, committing them to the cache, rewriting the stage's `dvc.lock`, checking the next stage): the
 gap from one stage's end to the next one's start, which no command can time. `--readme` rewrites
 README's table between its markers, so the table README shows is generated, never typed.
 """
