@@ -63,8 +63,10 @@ def repro(session: nox.Session) -> None:
     """The demo end to end: `dvc repro` (every pipeline file's stages, or the ids given), the checks, the paper,
     the privacy guard.  Naming every pipeline file (mistill.repro.pipeline) also runs the few stages no
     result's reader reads, which a bare `dvc repro` (the root dvc.yaml and what it depends on) leaves."""
+    from mistill.repro.pipeline import pipeline_files
+
     ids = list(session.posargs)
-    session.run("dvc", "repro", *(ids or ["dvc.yaml", *sorted(glob.glob("pipelines/*/dvc.yaml"))]))
+    session.run("dvc", "repro", *(ids or [p.as_posix() for p in pipeline_files()]))
     session.run("mistill", "repro", "check", *ids)
     session.run("mistill", "repro", "render")
     session.run("mistill", "repro", "privacy")

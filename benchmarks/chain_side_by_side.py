@@ -31,6 +31,8 @@ import threading
 import time
 from pathlib import Path
 
+from mistill.repro.pipeline import stage_name
+
 REPO = Path(__file__).resolve().parents[1]
 RUNNING = re.compile(r"Running stage '([^']+)'")
 
@@ -58,7 +60,7 @@ def timed_repro(workdir: Path, targets: list[str], out: dict) -> None:
     for line in proc.stdout:
         if m := RUNNING.search(line):
             # a family file's stage (pipelines/<family>/dvc.yaml:NAME) by its name, as older commits name it
-            marks.append((m.group(1).rsplit(":", 1)[-1], time.perf_counter() - start))
+            marks.append((stage_name(m.group(1)), time.perf_counter() - start))
         tail = (tail + [line.rstrip()])[-20:]
     proc.wait()
     end = time.perf_counter() - start

@@ -12,8 +12,8 @@ def _git(root, *args):
 
 
 def test_pipeline_outputs_do_not_make_the_tree_dirty(tmp_path, monkeypatch):
-    for path, text in (("dvc.lock", "a\n"), ("pipelines/distill/dvc.lock", "a\n"), ("results/R-C1.json", "{}\n"),
-                       ("src/x.py", "x = 1\n")):
+    for path, text in (("dvc.lock", "a\n"), ("pipelines/distill/dvc.yaml", "stages: {}\n"),
+                       ("pipelines/distill/dvc.lock", "a\n"), ("results/R-C1.json", "{}\n"), ("src/x.py", "x = 1\n")):
         (tmp_path / path).parent.mkdir(parents=True, exist_ok=True)
         (tmp_path / path).write_text(text)
     _git(tmp_path, "init", "-q")

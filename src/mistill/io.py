@@ -173,14 +173,17 @@ def file_sha256(path: str | Path, chunk: int = 1 << 20) -> str:
 def code_version() -> str:
     """The git commit of the working tree, with `+dirty` when it has local changes.
 
-    What the pipeline itself writes (every `dvc.lock`, the numbers files under `results/`) does not
+    What the pipeline itself writes (each pipeline file's `dvc.lock`, the numbers files under `results/`) does not
     count: a `dvc repro` from a clean checkout rewrites a `dvc.lock` after its first stage, and every
     later stage would otherwise record a dirty tree.
     """
     try:
         head = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, check=True).stdout
-        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no", "--", ".",
-                                ":(exclude,glob)**/dvc.lock", ":(exclude)results"],
+        from mistill.repro.pipeline import lock_files
+
+        locks = [f":(exclude){p.as_posix()}" for p in lock_files()]
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no", "--", ".", *locks,
+                                ":(exclude)results"],
                                capture_output=True, text=True, check=True).stdout
     except (OSError, subprocess.CalledProcessError):
         return "unknown"
