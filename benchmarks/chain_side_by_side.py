@@ -8,6 +8,11 @@ its outputs. Works for any commit, including those whose commands record no time
 
     nox -s bench_chain -- --old 6787fe8 --new HEAD
     python benchmarks/chain_side_by_side.py --old 6787fe8 --new HEAD --targets R-C3 --sequential
+    python benchmarks/chain_side_by_side.py --old 6787fe8 --sequential --new-targets $(cat stages.txt)
+
+`--new-targets` gives the new commit its own targets, for a chain whose stages have since moved (a
+family file's `pipelines/<family>/dvc.yaml:NAME`) or whose readers have since grown; the table's
+last rows then sum the stages both runs ran apart from those only one of them ran.
 
 Writes `benchmarks/results/demo_chain_<old>_<new>.json` and prints a table by stage family.
 Side by side needs at least twice the cores one chain's stages use (the demo's stages run 2
@@ -84,6 +89,16 @@ def table(old: dict, new: dict) -> str:
         lines.append(f"| {name} | {a:.1f} | {b:.1f} | {a / b:.2f} |" if b else f"| {name} | {a:.1f} | {b:.1f} | - |")
     a, b = old["total_s"], new["total_s"]
     lines.append(f"| **total** | **{a:.1f}** | **{b:.1f}** | **{a / b:.2f}** |")
+    common = old["stages"].keys() & new["stages"].keys()
+    if common != old["stages"].keys() | new["stages"].keys():
+        a, b = (sum(run["stages"][stage] for stage in common) for run in (old, new))
+        lines.append(f"| stages both ran ({len(common)}) | {a:.1f} | {b:.1f} | {a / b:.2f} |")
+        for which, run in (("old", old), ("new", new)):
+            only = sorted(run["stages"].keys() - common)
+            if only:
+                seconds = f"{sum(run['stages'][stage] for stage in only):.1f}"
+                cells = f"{seconds} | " if which == "old" else f" | {seconds}"
+                lines.append(f"| only the {which} ran: {', '.join(only)} | {cells} | |")
     return "\n".join(lines)
 
 
@@ -92,6 +107,7 @@ def main() -> int:
     parser.add_argument("--old", required=True, help="the baseline commit")
     parser.add_argument("--new", default="HEAD")
     parser.add_argument("--targets", nargs="*", default=[], help="dvc repro targets (default: every stage)")
+    parser.add_argument("--new-targets", nargs="*", help="the new commit's own targets (default: --targets)")
     parser.add_argument("--sequential", action="store_true", help="one commit after the other instead of together")
     parser.add_argument("--workdir", type=Path, help="where the clones go (default: a temporary directory)")
     parser.add_argument("--out", type=Path)
@@ -103,7 +119,8 @@ def main() -> int:
     workdir = args.workdir or Path(tempfile.mkdtemp(prefix="mistill-chain-"))
     runs: dict[str, dict] = {"old": {}, "new": {}}
     shas = {which: clone(rev, workdir / which) for which, rev in (("old", args.old), ("new", args.new))}
-    jobs = [threading.Thread(target=timed_repro, args=(workdir / which, args.targets, runs[which]))
+    targets = {"old": args.targets, "new": args.targets if args.new_targets is None else args.new_targets}
+    jobs = [threading.Thread(target=timed_repro, args=(workdir / which, targets[which], runs[which]))
             for which in ("old", "new")]
     for job in jobs:
         job.start()
@@ -112,7 +129,7 @@ def main() -> int:
     for job in jobs:
         job.join()
     report = {"benchmark": "chain_side_by_side", "old_commit": shas["old"], "new_commit": shas["new"],
-              "targets": args.targets, "side_by_side": not args.sequential, **runs}
+              "targets": targets["old"], "new_targets": targets["new"], "side_by_side": not args.sequential, **runs}
     out = args.out or REPO / "benchmarks" / "results" / f"demo_chain_{shas['old'][:7]}_{shas['new'][:7]}.json"
     out.write_text(json.dumps(report, indent=2) + "\n")
     print(table(runs["old"], runs["new"]))

@@ -25,7 +25,7 @@ def test_a_decoding_step_equals_the_slow_forward_with_its_row_cut():
     keys = (2, 3, 11, 20)
     cache = DynamicCache()
     model(input_ids=torch.tensor([prompt]), past_key_values=cache, use_cache=True)   # the clean prefill
-    with decode_key_mask(model, HEADS, [keys])([0], len(ids)):
+    with decode_key_mask(model, HEADS, [keys])([0], [0], len(ids)):
         out = model(input_ids=torch.tensor([[token]]), attention_mask=torch.ones(1, len(ids), dtype=torch.long),
                     position_ids=torch.tensor([[len(prompt)]]), past_key_values=cache, use_cache=True)
     slow = _slow_logits(model, ids, len(prompt), KeyBlock(HEADS, keys))

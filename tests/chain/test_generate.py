@@ -80,3 +80,16 @@ def test_rows_do_not_depend_on_batch_composition(model_and_tokenizer):
     assert together == alone == pairs                   # left padding, neighbours and order change nothing
     other_seed = generate((model, tok), prompts[:1], seeds=[5], decoding=decoding)[0]
     assert other_seed.completion != alone[0].completion
+
+
+def test_rows_that_finish_early_leave_the_batch_and_the_others_do_not_change(model_and_tokenizer):
+    """Rows closing their turn at different steps: each leaves the batch (its cache rows dropped) and
+    every row's tokens are those it samples alone."""
+    model, tok = model_and_tokenizer
+    decoding = Decoding(max_new_tokens=40)
+    prompts = ["code N18.3", "code chronic kidney disease N18.3 disease", "N18.3", "kidney disease code"] * 4
+    seeds = list(range(len(prompts)))
+    together = sample_rows(model, tok, prompts, seeds, decoding)
+    lengths = {len(row) for row in together if row[-1] == tok.eos_token_id}
+    assert len(lengths) >= 2 and any(len(row) == decoding.max_new_tokens for row in together)  # early and late
+    assert together == [sample_rows(model, tok, [p], [s], decoding)[0] for p, s in zip(prompts, seeds)]

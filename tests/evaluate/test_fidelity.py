@@ -42,6 +42,18 @@ def test_bleu4_no_smoothing_and_whitespace_tokens():
     assert fidelity.sentence_bleu4("a b c d.", "a b c d .") == 0.0
 
 
+def test_bleu4_logs_no_effective_order_advice_per_sentence(caplog):
+    """Plain BLEU-4 turns effective_order off on purpose: sacrebleu's advice about it is dropped, its
+    other warnings are not."""
+    import logging
+
+    with caplog.at_level(logging.WARNING, logger="sacrebleu"):
+        fidelity.sentence_bleu4("a b c d e", "a b c d e")
+        fidelity.sentence_bleu4("a b c d e", "a b c d f")
+        logging.getLogger("sacrebleu").warning("another warning")
+    assert [r.getMessage() for r in caplog.records] == ["another warning"]
+
+
 def test_reasoning_block():
     assert fidelity.reasoning_block('<think>\nfirst\n</think>\n\n["A01.1"]') == "first"
     assert fidelity.reasoning_block("<think>\ntruncated reasoning") == "truncated reasoning"

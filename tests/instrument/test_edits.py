@@ -167,6 +167,53 @@ def test_prefix_edits_equal_brute_force(qwen_model, tokenizer, world):
         hook.remove()
 
 
+@pytest.mark.parametrize("pack_tokens", [1, 40, 4096])
+def test_prefix_edits_packed_in_place_or_both_agree(qwen_model, tokenizer, world, pack_tokens):
+    """Packs of every size give the margins of one variant per forward (pack_tokens=1: every variant
+    re-fed in place; 40: some packed, the longer ones in place), to 1e-5; packed re-feeds leave the
+    prefill's keys as they were."""
+    note, events = world
+    settings = _settings(tokenizer)
+    hook = HeadHook(qwen_model)
+    try:
+        one_by_one = ed.prefix_edit_note(qwen_model, hook, prefill(qwen_model, hook, note.ids, reserve=4096), note,
+                                         events, codes=list(INVENTORY), tokenizer=tokenizer, settings=settings,
+                                         pack_tokens=1)
+        pre = prefill(qwen_model, hook, note.ids, reserve=4096)
+        keys = [layer.keys[..., :pre.length, :].clone() for layer in pre.cache.layers]
+        rows = ed.prefix_edit_note(qwen_model, hook, pre, note, events, codes=list(INVENTORY), tokenizer=tokenizer,
+                                   settings=settings, pack_tokens=pack_tokens)
+        values = lambda rs: [v for r in rs for v in (r["margin_identity"], r["margin_identity_ablated"],
+                                                      *r["margin"].values(), *r["margin_ablated"].values())]
+        assert torch.allclose(torch.tensor(values(rows)), torch.tensor(values(one_by_one)), atol=TOL, rtol=0)
+        widths = [r["pos"] - 1 - r["edit_start"] + 2 for r in rows]   # a variant's tokens and its two reads
+        in_place = pre.cache.get_seq_length() < pre.length            # a variant re-fed in place crops the cache
+        assert in_place == (max(widths) > pack_tokens)
+        if pack_tokens == 40:
+            assert min(widths) <= 40 < max(widths)   # packed and in-place re-feeds in one note
+        if not in_place:  # the prefill's keys are intact
+            assert all(torch.equal(layer.key_buffer[..., :pre.length, :], k) for layer, k in zip(pre.cache.layers, keys))
+    finally:
+        hook.remove()
+
+
+def test_packs_and_their_mask_on_a_hand_worked_example():
+    assert ed.packs([3, 2, 2, 4, 1], 5) == [[0, 1], [2], [3, 4]]
+    assert ed.packs([], 5) == []
+    # two re-feeds after a 4-token cache: tokens [a, b] from position 1 read at 3; token [c] from 2 read at 3
+    refeeds = [ed.Refeed(1, [10, 11], 3, 12), ed.Refeed(2, [20], 3, 21)]
+    mask = ed.packed_mask(refeeds, 2, 4, torch.float32, "cpu")[0, 0]
+    seen = (mask == 0).int().tolist()
+    #            cache 0-3    a  b  r  r' c  r  r'
+    assert seen == [[1, 0, 0, 0, 1, 0, 0, 0, 0, 0, 0],   # a: cache [0, 1), itself
+                    [1, 0, 0, 0, 1, 1, 0, 0, 0, 0, 0],   # b: cache [0, 1), a, itself
+                    [1, 0, 0, 0, 1, 1, 1, 0, 0, 0, 0],   # read: cache [0, 1), a, b, itself
+                    [1, 0, 0, 0, 1, 1, 0, 1, 0, 0, 0],   # ablated read: the same, itself
+                    [1, 1, 0, 0, 0, 0, 0, 0, 1, 0, 0],   # c: cache [0, 2), itself
+                    [1, 1, 0, 0, 0, 0, 0, 0, 1, 1, 0],
+                    [1, 1, 0, 0, 0, 0, 0, 0, 1, 0, 1]]
+
+
 def test_content_words_on_hand_worked_descriptions():
     assert ed.content_words("acute hepatic failure with coma") == {"acute", "hepatic", "failure", "coma"}
     # "with" against "without": structural, and "coma" is in both: no distinguishing word either way

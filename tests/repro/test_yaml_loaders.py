@@ -23,3 +23,13 @@ def test_the_c_parser_is_what_dvc_gets():
 def test_c_and_pure_python_parsers_read_each_pipeline_file_alike(name):
     text = (REPO / name).read_text()
     assert YAML(typ="safe").load(text) == YAML(typ="safe", pure=True).load(text)
+
+
+def test_the_stages_read_params_with_libyaml_and_get_what_safe_load_gives():
+    """`mistill.params` parses with PyYAML's libyaml loader (the stages read params.yaml several times each)."""
+    import yaml
+
+    from mistill.params import FAST_SAFE_LOADER, load_all
+
+    assert FAST_SAFE_LOADER is yaml.CSafeLoader
+    assert load_all(REPO / "params.yaml") == yaml.safe_load((REPO / "params.yaml").read_text())

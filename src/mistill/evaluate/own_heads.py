@@ -414,9 +414,9 @@ def edits_stage(model, tokenizer, teacher_tokenizer, cfg: OwnHeadsConfig, hd_dir
                 continue
             note = NoteInput.from_trace(tokenizer, trace)
             events = with_near_miss_spans(note, realized[trace.note_id])
-            pre = prefill(model, hook, note.ids, reserve=2)
+            pre = prefill(model, hook, note.ids, reserve=edits.pack_tokens)
             rows = prefix_edit_note(model, hook, pre, note, events, codes=codes, tokenizer=tokenizer,
-                                    settings=settings)
+                                    settings=settings, pack_tokens=edits.pack_tokens)
             del pre
             commit_artifact(note_pass.path(trace.note_id), lambda p, rows=rows: write_jsonl(p, rows),
                             {"mediation_heads": [list(h) for h in mediation], "config_sha256": digest,

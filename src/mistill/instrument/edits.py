@@ -12,12 +12,17 @@ The reference is the identity edit: the same tokens through exactly the same
 re-feed path as every variant.
 
 Re-feed.  The clean prefill's cache holds keys for every position.  A variant
-that first differs at token s is run by cropping the cache to s and feeding the
-variant's tokens s .. q (one forward appending to the cache), so the logits at q
-see the edit through every later position.  A variant overwrites the cache from
-s on; re-feeds are therefore visited in decreasing s (the cache is only ever
-cropped) and, once done, the cache holds the prefill's keys below the smallest
-edit start only.
+that first differs at token s is run by feeding the variant's tokens s .. q against
+the prefill's keys below s, so the logits at q see the edit through every later
+position.  The prefix edits pack many variants into one forward (`refeed_packed`):
+their tokens are appended after the prefill's n keys, each with its own positions,
+under a mask by which a variant's tokens see the keys [0, s) of the prefill and the
+variant's own earlier tokens only; the prefill's keys are left untouched.  A variant
+too long for the cache's free slots, and every note edit, is run by cropping the
+cache to s and feeding its tokens in place: it overwrites the cache from s on, so
+these re-feeds are visited in decreasing s (the cache is only ever cropped) and,
+once done, the cache holds the prefill's keys below the smallest such edit start
+only.
 
 Prefix (trace) edits.  At a P2C event, the most recent earlier mention of the
 near-miss, token span [s, t) (the last of the event's N spans), becomes
@@ -242,6 +247,104 @@ def prefix_variants(note: NoteInput, event: Event, *, codes: Sequence[str], toke
 # ---- re-feeding against the prefill's cache ------------------------------------------------------
 
 
+PACK_TOKENS = 512  # tokens of one packed re-feed forward (params read_side.edits.pack_tokens)
+
+
+@dataclass(frozen=True)
+class Refeed:
+    """One variant's re-feed: `tokens` at positions start, start + 1, ..., then the token at `read_at`
+    read there (plain, and with the mediation heads mean-ablated)."""
+
+    start: int
+    tokens: list[int]
+    read_at: int
+    read_token: int
+
+    def width(self, n_reads: int) -> int:
+        """Tokens it takes in a packed forward."""
+        return len(self.tokens) + n_reads
+
+
+def free_slots(cache) -> int:
+    """Slots a forward can append to the cache without overwriting it (a growing cache: no limit)."""
+    layers = getattr(cache, "layers", None) or []
+    capacity = getattr(layers[0], "capacity", None) if layers else None
+    return (capacity - cache.get_seq_length()) if capacity is not None else 1 << 62
+
+
+def packs(widths: Sequence[int], budget: int) -> list[list[int]]:
+    """Consecutive groups of the items, each of total width at most `budget` (every width fits alone)."""
+    groups: list[list[int]] = []
+    used = budget
+    for i, width in enumerate(widths):
+        if used + width > budget:
+            groups.append([])
+            used = 0
+        groups[-1].append(i)
+        used += width
+    return groups
+
+
+def packed_mask(refeeds: Sequence[Refeed], n_reads: int, n_cached: int, dtype: torch.dtype, device
+                ) -> torch.Tensor:
+    """[1, 1, T, n_cached + T] additive mask of a packed re-feed: a variant's tokens see the cache [0, start)
+    and the variant's earlier tokens, causally; its reads see the cache [0, start), the variant's tokens
+    before `read_at`, and themselves."""
+    T = sum(r.width(n_reads) for r in refeeds)
+    visible = torch.zeros(T, n_cached + T, dtype=torch.bool)
+    at = 0
+    for r in refeeds:
+        L = len(r.tokens)
+        seen = min(L, r.read_at - r.start)  # the variant's tokens the reads see: positions below read_at
+        block = slice(at, at + L + n_reads)
+        visible[block, :r.start] = True
+        visible[at:at + L, n_cached + at:n_cached + at + L] = torch.ones(L, L, dtype=torch.bool).tril()
+        visible[at + L:at + L + n_reads, n_cached + at:n_cached + at + seen] = True
+        reads = torch.arange(at + L, at + L + n_reads)
+        visible[reads, n_cached + reads] = True
+        at += L + n_reads
+    mask = torch.zeros(T, n_cached + T, dtype=dtype)
+    mask.masked_fill_(~visible, torch.finfo(dtype).min)
+    return mask.to(device)[None, None]
+
+
+@torch.no_grad()
+def refeed_packed(model, hook: HeadHook, pre: Prefill, refeeds: Sequence[Refeed], n_reads: int,
+                  mediation_heads: Sequence[tuple[int, int]]) -> list[torch.Tensor]:
+    """Logits [n_reads, V] of each re-feed, all from one forward appended after the prefill's keys.
+
+    Read 0 is plain; read 1 (when `mediation_heads` are given) has those heads mean-ablated at the
+    read (their mean mu over the clean prefill).  The cache is cropped back afterwards: the prefill's
+    keys are untouched, so re-feeds are free to come in any order.
+    """
+    cache = pre.cache
+    n_cached = cache.get_seq_length()
+    device = _device(model)
+    ids, positions, reads = [], [], []
+    for r in refeeds:
+        ids += [*r.tokens, *[r.read_token] * n_reads]
+        positions += [*range(r.start, r.start + len(r.tokens)), *[r.read_at] * n_reads]
+        reads += range(len(ids) - n_reads, len(ids))
+    replacement = None
+    if mediation_heads:
+        mask = torch.zeros(hook.n_layers, len(ids), hook.n_heads, dtype=torch.bool)
+        for layer, head in mediation_heads:
+            mask[layer, reads[1::n_reads], head] = True
+        replacement = Replacement(mask, pre.mu)
+    try:
+        with hook.replacing(replacement):
+            out = model(input_ids=torch.as_tensor(ids, device=device)[None],
+                        position_ids=torch.as_tensor(positions, device=device)[None],
+                        attention_mask=packed_mask(refeeds, n_reads, n_cached, model.dtype, device),
+                        past_key_values=cache, use_cache=True,
+                        logits_to_keep=torch.as_tensor(reads, device=device))
+    finally:
+        crop_to(cache, n_cached)
+    logits = out.logits[0]
+    logits = logits if logits.dtype == torch.float64 else logits.float()
+    return list(logits.reshape(len(refeeds), n_reads, -1))
+
+
 @contextlib.contextmanager
 def _variant_writes(cache, start: int) -> Iterator[None]:
     """Crop to `start`, then let a variant write its own keys from `start` on and read them back.
@@ -292,11 +395,14 @@ def _mediation_replacement(hook: HeadHook, pre: Prefill, heads: Sequence[tuple[i
 
 @torch.no_grad()
 def prefix_edit_note(model, hook: HeadHook, pre: Prefill, note: NoteInput, events: Sequence[Event], *,
-                     codes: Sequence[str], tokenizer: TextTokenizer, settings: EditSettings) -> list[dict]:
+                     codes: Sequence[str], tokenizer: TextTokenizer, settings: EditSettings,
+                     pack_tokens: int = PACK_TOKENS) -> list[dict]:
     """The prefix edits of one note's selected P2C events; one row per event (in position order).
 
-    `pre` is the clean prefill of note.ids (its cache and mu); its cache is overwritten from the
-    smallest edit start on.
+    `pre` is the clean prefill of note.ids (its cache and mu).  The variants are re-fed in packs of at
+    most `pack_tokens` tokens (and the cache's free slots: `prefill(..., reserve=pack_tokens)`), which
+    leave the cache as it was; a variant longer than that is re-fed in place and overwrites the cache
+    from its edit start on.
     """
     heads = list(settings.mediation_heads)
     replacement = _mediation_replacement(hook, pre, heads) if heads else None
@@ -312,12 +418,23 @@ def prefix_edit_note(model, hook: HeadHook, pre: Prefill, note: NoteInput, event
                "replacement": {v: (variants[v].replacement if variants[v] else None) for v in PREFIX_VARIANTS}}
         rows.append(row)
         jobs += [(s, t, e, name, v, row) for name, v in variants.items() if v is not None]
-    for s, t, e, name, variant, row in sorted(jobs, key=lambda j: -j[0]):  # stable: ties keep their order
-        q = e.pos - 1
-        with _variant_writes(pre.cache, s):
-            _append(model, hook, pre.cache, [*variant.span_ids, *note.ids[t:q]], s, None)
-            logits = forward_at(model, hook, pre.cache, [q] * n_reads, [note.ids[q]] * n_reads, replacement)
-        m = [float(margin(logits[b], e.target_id, e.competitor_ids)) for b in range(n_reads)]
+    refeeds = [Refeed(s, [*variant.span_ids, *note.ids[t:e.pos - 1]], e.pos - 1, note.ids[e.pos - 1])
+               for s, t, e, name, variant, row in jobs]
+    free = min(pack_tokens, free_slots(pre.cache))
+    packed = [i for i, r in enumerate(refeeds) if r.width(n_reads) <= free]
+    logits: dict[int, torch.Tensor] = {}
+    for pack in packs([refeeds[i].width(n_reads) for i in packed], free):
+        chunk = [packed[i] for i in pack]
+        logits.update(zip(chunk, refeed_packed(model, hook, pre, [refeeds[i] for i in chunk], n_reads, heads)))
+    # what does not fit beside the prefill is re-fed in place, in decreasing s: stable, ties keep their order
+    for i in sorted(set(range(len(jobs))) - set(logits), key=lambda i: -jobs[i][0]):
+        r = refeeds[i]
+        with _variant_writes(pre.cache, r.start):
+            _append(model, hook, pre.cache, r.tokens, r.start, None)
+            logits[i] = forward_at(model, hook, pre.cache, [r.read_at] * n_reads, [r.read_token] * n_reads,
+                                   replacement)
+    for i, (s, t, e, name, variant, row) in enumerate(jobs):
+        m = [float(margin(logits[i][b], e.target_id, e.competitor_ids)) for b in range(n_reads)]
         if name == "identity":
             row["margin_identity"] = m[0]
             row["margin_identity_ablated"] = m[1] if heads else None

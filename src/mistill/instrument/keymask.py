@@ -175,17 +175,17 @@ def decode_key_mask(model, heads: Sequence[Head], keys: Sequence[Sequence[int]])
         raise ValueError(f"decode key mask: heads {bad} outside {n_layers} layers x {n_heads} heads")
     layers = sorted({layer for layer, _ in heads})
 
-    def context(pads: Sequence[int], seq_len: int):
+    def context(rows: Sequence[int], pads: Sequence[int], seq_len: int):
         if len(pads) != len(keys):
             raise ValueError(f"decode key mask: {len(keys)} rows of keys for a batch of {len(pads)}")
         device = next(model.parameters()).device
-        blocked = {layer: torch.zeros(len(keys), n_heads, 1, seq_len, dtype=torch.bool) for layer in layers}
-        for i, row in enumerate(keys):
-            columns = [pads[i] + int(k) for k in row]
+        blocked = {layer: torch.zeros(len(rows), n_heads, 1, seq_len, dtype=torch.bool) for layer in layers}
+        for b, i in enumerate(rows):   # batch position b holds prompt i
+            columns = [pads[i] + int(k) for k in keys[i]]
             if any(not pads[i] <= c < seq_len for c in columns):
                 raise ValueError(f"decode key mask: row {i}'s keys reach outside its {seq_len - pads[i]} tokens")
             for layer, head in heads:
-                blocked[layer][i, head, 0, columns] = True
+                blocked[layer][b, head, 0, columns] = True
         return _blocking(model, {layer: t.to(device) for layer, t in blocked.items()})
 
     return context

@@ -54,6 +54,8 @@ class EditsSection:
     max_events_per_note: int = 20       # contrastive events edited per note, a seeded subset
     filler: str = " ."                  # the non-code filler: one token, repeated to the span's length
     mediation_min_effect: float = 0.5   # nats: the mediated share is read over events above it
+    pack_tokens: int = 512              # tokens of one packed re-feed forward (its attention mask is
+                                        # pack_tokens x (note + pack_tokens)); results do not depend on it
 
 
 @dataclass(frozen=True)
@@ -82,6 +84,8 @@ class ReadSide:
             raise UserError(f"{where}.panel_k: a positive set size, got {out.panel_k!r}")
         if not isinstance(edits.max_events_per_note, int) or edits.max_events_per_note < 1:
             raise UserError(f"{where}.edits.max_events_per_note: a positive count, got {edits.max_events_per_note!r}")
+        if not isinstance(edits.pack_tokens, int) or edits.pack_tokens < 1:
+            raise UserError(f"{where}.edits.pack_tokens: a positive token count, got {edits.pack_tokens!r}")
         return out
 
     def pass_dir(self, name: str) -> Path:
@@ -89,7 +93,10 @@ class ReadSide:
         return Path(self.out_dir) / name
 
     def digest(self, *parts: str) -> str:
-        body = json.dumps([asdict(self), *parts], sort_keys=True, default=str)
+        """The passes' config key: every setting that can change a result (the pack size cannot)."""
+        settings = asdict(self)
+        del settings["edits"]["pack_tokens"]
+        body = json.dumps([settings, *parts], sort_keys=True, default=str)
         return hashlib.sha256(body.encode()).hexdigest()
 
 
@@ -337,9 +344,9 @@ def run_edits(cfg: InstrumentConfig, params: dict, *, model=None, tokenizer=None
                 continue
             note = NoteInput.from_trace(tokenizer, trace)
             # the prefix edits first: they start later in the input, so the cache is only ever cropped
-            pre = prefill(model, hook, note.ids, reserve=2)
+            pre = prefill(model, hook, note.ids, reserve=side.edits.pack_tokens)
             prefix_rows = prefix_edit_note(model, hook, pre, note, events, codes=list(inventory), tokenizer=tokenizer,
-                                           settings=settings)
+                                           settings=settings, pack_tokens=side.edits.pack_tokens)
             evidence_rows = evidence_edit_note(model, hook, pre, note, events, inventory=inventory, settings=settings)
             del pre
             write_jsonl(evidence_path, evidence_rows)

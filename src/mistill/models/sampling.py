@@ -8,7 +8,8 @@ as transformers' `generate(do_sample=True)` consumes the global generator after
 `torch.manual_seed(seed)` (tests/chain/test_generate.py: a single row equals `generate`, token for
 token). Sampling follows transformers' order: logits / temperature, top-k, top-p (the smallest set
 of tokens whose probability reaches top_p), then one draw. A row is finished at the model's
-end-of-turn token; its later steps feed padding that every later step masks out.
+end-of-turn token and leaves the batch (its cache rows are dropped), so the steps after it cost
+only the rows still writing; by the same row independence, the others' tokens do not change.
 """
 
 from __future__ import annotations
@@ -35,9 +36,10 @@ def sample_rows(model, tokenizer, prompts: list[str], seeds: list[int], decoding
     """Sample one continuation per prompt, row i from a generator seeded with seeds[i]: the new
     token ids, ending with the end-of-turn token when the row closed its turn within the cap.
 
-    `decode_context(pads, seq_len)`, when given, is entered around every decoding step after the
-    prefill (which stays clean): `pads[i]` is row i's left padding, `seq_len` the keys the step sees
-    (an intervention on what the model reads while it writes, e.g. a decode-time key mask).
+    `decode_context(rows, pads, seq_len)`, when given, is entered around every decoding step after the
+    prefill (which stays clean): `rows` are the prompts (indices) still in the batch, in batch order,
+    `pads[i]` is prompt i's left padding, `seq_len` the keys the step sees (an intervention on what the
+    model reads while it writes, e.g. a decode-time key mask).
     """
     import contextlib
 
@@ -54,32 +56,33 @@ def sample_rows(model, tokenizer, prompts: list[str], seeds: list[int], decoding
     generators = [torch.Generator(device=device).manual_seed(int(s)) for s in seeds]
     eos = tokenizer.eos_token_id
     new: list[list[int]] = [[] for _ in prompts]
-    finished = [False] * len(prompts)
+    rows = list(range(len(prompts)))   # the prompts still writing, in batch order
     cache = DynamicCache()
     step_ids = input_ids
     with torch.no_grad():
         for _ in range(decoding.max_new_tokens):
             positions = (mask.cumsum(-1) - 1).clamp(min=0)[:, -step_ids.shape[1]:]
             decoding_step = decode_context is not None and cache.get_seq_length() > 0
-            with decode_context(pads, mask.shape[1]) if decoding_step else contextlib.nullcontext():
+            with decode_context(rows, pads, mask.shape[1]) if decoding_step else contextlib.nullcontext():
                 out = model(input_ids=step_ids, attention_mask=mask, position_ids=positions, past_key_values=cache,
                             use_cache=True)
             cache = out.past_key_values
             logits = filter_logits(out.logits[:, -1, :].float(), decoding.temperature, decoding.top_k,
                                    decoding.top_p)
             probs = logits.softmax(-1)
-            nxt = []
-            for i, gen in enumerate(generators):
-                if finished[i]:
-                    nxt.append(pad)
-                    continue
-                token = int(torch.multinomial(probs[i], 1, generator=gen))
+            writing = []   # batch positions of the rows that did not close their turn
+            for b, i in enumerate(rows):
+                token = int(torch.multinomial(probs[b], 1, generator=generators[i]))
                 new[i].append(token)
-                finished[i] = token == eos
-                nxt.append(token)
-            if all(finished):
+                if token != eos:
+                    writing.append(b)
+            if not writing:
                 break
-            step_ids = torch.tensor([nxt], device=device).T
-            # the fed token of a finished row is padding: masked out of every later step
-            mask = torch.cat([mask, torch.tensor([[0] if f else [1] for f in finished], device=device)], dim=1)
+            if len(writing) < len(rows):   # finished rows leave the batch
+                keep = torch.tensor(writing, device=device)
+                cache.batch_select_indices(keep)
+                mask = mask[keep]
+                rows = [rows[b] for b in writing]
+            step_ids = torch.tensor([[new[i][-1]] for i in rows], device=device)
+            mask = torch.cat([mask, mask.new_ones(len(rows), 1)], dim=1)
     return new
