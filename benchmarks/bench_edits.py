@@ -30,9 +30,9 @@ from transformers import Qwen3Config, Qwen3ForCausalLM
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
-from mistill.instrument.edits import Refeed, _append, _variant_writes, packs, refeed_packed
-from mistill.instrument.hook import HeadHook, Replacement
-from mistill.instrument.patching import forward_at, prefill
+from mistill.instrument.edits import Refeed, mediation_replacement, packs, refeed_in_place, refeed_packed
+from mistill.instrument.hook import HeadHook
+from mistill.instrument.patching import prefill
 
 # the demo student's shape (params.yaml demo.models.architectures.student_qwen), its vocabulary
 SHAPE = dict(hidden_size=64, intermediate_size=192, num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2,
@@ -62,16 +62,9 @@ def demo_refeeds(note: list[int], n_variants: int, seed: int) -> list[Refeed]:
 
 
 def one_per_variant(model, hook, pre, refeeds) -> list[torch.Tensor]:
-    mask = torch.zeros(hook.n_layers, 2, hook.n_heads, dtype=torch.bool)
-    for layer, head in HEADS:
-        mask[layer, 1, head] = True
-    replacement = Replacement(mask, pre.mu)
-    logits = {}
-    for i in sorted(range(len(refeeds)), key=lambda i: -refeeds[i].start):
-        r = refeeds[i]
-        with _variant_writes(pre.cache, r.start):
-            _append(model, hook, pre.cache, r.tokens, r.start, None)
-            logits[i] = forward_at(model, hook, pre.cache, [r.read_at] * 2, [r.read_token] * 2, replacement)
+    replacement = mediation_replacement(hook, pre, HEADS)
+    logits = {i: refeed_in_place(model, hook, pre, refeeds[i], 2, replacement)
+              for i in sorted(range(len(refeeds)), key=lambda i: -refeeds[i].start)}
     return [logits[i] for i in range(len(refeeds))]
 
 

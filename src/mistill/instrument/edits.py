@@ -85,7 +85,7 @@ import torch
 from mistill.instrument.events import Event
 from mistill.instrument.hook import HeadHook, Replacement
 from mistill.instrument.margin import margin
-from mistill.instrument.patching import Prefill, crop_to, forward_at
+from mistill.instrument.patching import Prefill, additive_mask, crop_to, forward_at
 from mistill.models.tokenizer_protocol import TextTokenizer
 
 PREFIX_VARIANTS = ("filler", "unrelated", "other_category")
@@ -303,9 +303,7 @@ def packed_mask(refeeds: Sequence[Refeed], n_reads: int, n_cached: int, dtype: t
         reads = torch.arange(at + L, at + L + n_reads)
         visible[reads, n_cached + reads] = True
         at += L + n_reads
-    mask = torch.zeros(T, n_cached + T, dtype=dtype)
-    mask.masked_fill_(~visible, torch.finfo(dtype).min)
-    return mask.to(device)[None, None]
+    return additive_mask(visible.to(device), dtype)
 
 
 @torch.no_grad()
@@ -385,7 +383,17 @@ def _append(model, hook: HeadHook, cache, tokens: Sequence[int], start: int, row
     return logits if logits.dtype == torch.float64 else logits.float()
 
 
-def _mediation_replacement(hook: HeadHook, pre: Prefill, heads: Sequence[tuple[int, int]]) -> Replacement:
+def refeed_in_place(model, hook: HeadHook, pre: Prefill, refeed: Refeed, n_reads: int,
+                    replacement: Replacement | None) -> torch.Tensor:
+    """Logits [n_reads, V] of one re-feed written into the cache from its start on (crop, feed, read):
+    the prefill's keys from there on are gone, so such re-feeds come in decreasing start."""
+    with _variant_writes(pre.cache, refeed.start):
+        _append(model, hook, pre.cache, refeed.tokens, refeed.start, None)
+        return forward_at(model, hook, pre.cache, [refeed.read_at] * n_reads, [refeed.read_token] * n_reads,
+                          replacement)
+
+
+def mediation_replacement(hook: HeadHook, pre: Prefill, heads: Sequence[tuple[int, int]]) -> Replacement:
     """Two variants at q: [:, 0] plain, [:, 1] with `heads` mean-ablated."""
     mask = torch.zeros(hook.n_layers, 2, hook.n_heads, dtype=torch.bool)
     for layer, head in heads:
@@ -405,7 +413,7 @@ def prefix_edit_note(model, hook: HeadHook, pre: Prefill, note: NoteInput, event
     from its edit start on.
     """
     heads = list(settings.mediation_heads)
-    replacement = _mediation_replacement(hook, pre, heads) if heads else None
+    replacement = mediation_replacement(hook, pre, heads) if heads else None
     n_reads = 2 if heads else 1
     rows, jobs = [], []
     for e in select_events(events, seed=settings.seed, note_id=note.note_id, max_events=settings.max_events):
@@ -428,11 +436,7 @@ def prefix_edit_note(model, hook: HeadHook, pre: Prefill, note: NoteInput, event
         logits.update(zip(chunk, refeed_packed(model, hook, pre, [refeeds[i] for i in chunk], n_reads, heads)))
     # what does not fit beside the prefill is re-fed in place, in decreasing s: stable, ties keep their order
     for i in sorted(set(range(len(jobs))) - set(logits), key=lambda i: -jobs[i][0]):
-        r = refeeds[i]
-        with _variant_writes(pre.cache, r.start):
-            _append(model, hook, pre.cache, r.tokens, r.start, None)
-            logits[i] = forward_at(model, hook, pre.cache, [r.read_at] * n_reads, [r.read_token] * n_reads,
-                                   replacement)
+        logits[i] = refeed_in_place(model, hook, pre, refeeds[i], n_reads, replacement)
     for i, (s, t, e, name, variant, row) in enumerate(jobs):
         m = [float(margin(logits[i][b], e.target_id, e.competitor_ids)) for b in range(n_reads)]
         if name == "identity":

@@ -146,16 +146,21 @@ def prefill(model, hook: HeadHook, input_ids: Sequence[int], *, reserve: int = 2
     return Prefill(cache, acc["mu"], logits, ids.shape[1])
 
 
+def additive_mask(visible: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """[1, 1, T, S] additive attention mask of a [T, S] boolean one: 0 where a query sees a key, the
+    dtype's lowest value elsewhere."""
+    mask = torch.zeros(visible.shape, dtype=dtype, device=visible.device)
+    mask.masked_fill_(~visible, torch.finfo(dtype).min)
+    return mask[None, None]
+
+
 def positions_mask(positions: torch.Tensor, n_cached: int, dtype: torch.dtype, device) -> torch.Tensor:
     """[1, 1, B, n_cached + B] additive mask: variant b sees the cache [0, positions[b]) and itself only."""
     positions = torch.as_tensor(positions, device=device)
     n_variants = positions.shape[0]
     sees_cache = torch.arange(n_cached, device=device)[None, :] < positions[:, None]
     sees_self = torch.eye(n_variants, dtype=torch.bool, device=device)
-    visible = torch.cat([sees_cache, sees_self], dim=1)
-    mask = torch.zeros(n_variants, n_cached + n_variants, dtype=dtype, device=device)
-    mask.masked_fill_(~visible, torch.finfo(dtype).min)
-    return mask[None, None]
+    return additive_mask(torch.cat([sees_cache, sees_self], dim=1), dtype)
 
 
 def variant_mask(n_variants: int, n_cached: int, dtype: torch.dtype, device) -> torch.Tensor:
