@@ -1,7 +1,8 @@
 """The demo chain of two commits, side by side on one machine: per-stage wall times and ratios.
 
 Each commit is cloned into a fresh directory with its own environment (`./setup.sh`), then both
-run `dvc repro` (all stages, or the targets given) at the same time, so they share the machine's
+run `dvc repro` (all stages, or the targets given) as their `nox -s repro` runs it (under `mistill
+repro warm` where the commit has it; `--cold` runs plain `dvc repro` for both) at the same time, so they share the machine's
 load and a ratio compares like with like. A stage's time is read from DVC's own output: the time
 between its "Running stage" line and the next one (or the end), which includes DVC's hashing of
 its outputs. Works for any commit, including those whose commands record no times themselves.
@@ -51,7 +52,13 @@ def clone(rev: str, into: Path) -> str:
     return sha
 
 
-def timed_repro(workdir: Path, targets: list[str], out: dict) -> None:
+def repro_command(workdir: Path, targets: list[str], cold: bool = False) -> list[str]:
+    """`dvc repro` as the commit's `nox -s repro` runs it: under its warm interpreter where it has one."""
+    warm = not cold and (workdir / "src" / "mistill" / "warm.py").is_file()
+    return [*(["mistill", "repro", "warm"] if warm else []), "dvc", "repro", *targets]
+
+
+def timed_repro(workdir: Path, targets: list[str], out: dict, cold: bool = False) -> None:
     """Run `dvc repro`, timestamping every stage start as DVC prints it."""
     start = time.perf_counter()
     marks: list[tuple[str, float]] = []
@@ -59,7 +66,9 @@ def timed_repro(workdir: Path, targets: list[str], out: dict) -> None:
     own = workdir / ".venv" / "bin"   # the clone's environment (its dvc and the mistill its stages call)
     if own.is_dir():
         env["PATH"] = f"{own}{os.pathsep}{env.get('PATH', '')}"
-    proc = subprocess.Popen(["dvc", "repro", *targets], cwd=workdir, env=env,
+    command = repro_command(workdir, targets, cold)
+    out["command"] = " ".join(command[:4] if command[0] == "mistill" else command[:2])
+    proc = subprocess.Popen(command, cwd=workdir, env=env,
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, bufsize=1)
     tail: list[str] = []
     for line in proc.stdout:
@@ -109,6 +118,8 @@ def main() -> int:
     parser.add_argument("--targets", nargs="*", default=[], help="dvc repro targets (default: every stage)")
     parser.add_argument("--new-targets", nargs="*", help="the new commit's own targets (default: --targets)")
     parser.add_argument("--sequential", action="store_true", help="one commit after the other instead of together")
+    parser.add_argument("--cold", action="store_true",
+                        help="plain `dvc repro` for both, even where a commit has the warm interpreter")
     parser.add_argument("--workdir", type=Path, help="where the clones go (default: a temporary directory)")
     parser.add_argument("--out", type=Path)
     args = parser.parse_args()
@@ -120,7 +131,7 @@ def main() -> int:
     runs: dict[str, dict] = {"old": {}, "new": {}}
     shas = {which: clone(rev, workdir / which) for which, rev in (("old", args.old), ("new", args.new))}
     targets = {"old": args.targets, "new": args.targets if args.new_targets is None else args.new_targets}
-    jobs = [threading.Thread(target=timed_repro, args=(workdir / which, targets[which], runs[which]))
+    jobs = [threading.Thread(target=timed_repro, args=(workdir / which, targets[which], runs[which], args.cold))
             for which in ("old", "new")]
     for job in jobs:
         job.start()

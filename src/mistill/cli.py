@@ -12,6 +12,7 @@ import argparse
 import importlib
 import sys
 
+from mistill import warm
 from mistill.errors import UserError
 from mistill.repro.stage_times import recorded
 
@@ -50,6 +51,9 @@ def one_line(err: BaseException) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
+    # a process of its own (not a call with arguments) hands itself to the warm interpreter when one runs
+    if argv is None and (status := warm.delegate(sys.argv[1:])) is not None:
+        return status
     argv = list(sys.argv[1:] if argv is None else argv)
     group = argv[0] if argv and argv[0] in GROUPS else None
     args = build_parser(group).parse_args(argv)

@@ -45,6 +45,13 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     _common(bless)
     bless.set_defaults(func=cmd_bless)
 
+    warm = subparsers.add_parser(
+        "warm", help="run a command (dvc repro ...) with one warm interpreter for the mistill stages it starts",
+        description="Run a command while a server that has imported torch and transformers forks each "
+                    "`mistill` it starts (mistill.warm); the stages compute what they compute cold.")
+    warm.add_argument("command", nargs=argparse.REMAINDER, help="the command, e.g. dvc repro R-D6")
+    warm.set_defaults(func=cmd_warm)
+
     read = subparsers.add_parser("read", help="run a result's reader (registry.yaml names it) -> results/<ID>.json",
                                  description="Run the reader of one result id; arguments after the id pass through.")
     read.add_argument("id", metavar="ID")
@@ -80,6 +87,14 @@ def _resolve(args: argparse.Namespace) -> tuple[str, Path]:
         profile = profile or params["profile"]
         results = results or Path(params.get("paths", {}).get("results", "results"))
     return profile, Path(results)
+
+
+def cmd_warm(args: argparse.Namespace) -> int:
+    from mistill.warm import run_warm
+
+    if not args.command:
+        raise UserError("mistill repro warm: give the command to run, e.g. `mistill repro warm dvc repro R-D6`")
+    return run_warm(args.command)
 
 
 def cmd_check(args: argparse.Namespace) -> int:
