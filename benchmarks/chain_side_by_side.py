@@ -67,7 +67,7 @@ def timed_repro(workdir: Path, targets: list[str], out: dict, cold: bool = False
     if own.is_dir():
         env["PATH"] = f"{own}{os.pathsep}{env.get('PATH', '')}"
     command = repro_command(workdir, targets, cold)
-    out["command"] = " ".join(command[:4] if command[0] == "mistill" else command[:2])
+    out["command"] = " ".join(command[:len(command) - len(targets)])   # the targets are recorded apart
     proc = subprocess.Popen(command, cwd=workdir, env=env,
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, bufsize=1)
     tail: list[str] = []

@@ -144,9 +144,15 @@ def delegate(argv: Sequence[str]) -> int | None:
         return 1
     status = reply["exit"]
     if status < 0:   # the fork died by a signal: so does its caller, as a cold command would have
-        signal.signal(-status, signal.SIG_DFL)
-        os.kill(os.getpid(), -status)
+        die_by(-status)
     return status
+
+
+def die_by(signum: int) -> None:
+    """End this process by `signum`, whatever handler it had for it."""
+    if signum not in (signal.SIGKILL, signal.SIGSTOP):   # the two whose handling cannot be changed
+        signal.signal(signum, signal.SIG_DFL)
+    os.kill(os.getpid(), signum)
 
 
 # --- the server ----------------------------------------------------------------------------
@@ -272,8 +278,7 @@ class WarmServer:
         sys.path[:] = request["sys_path"]
         status = exit_status(self.run, request["argv"])
         if status < 0:
-            signal.signal(-status, signal.SIG_DFL)
-            os.kill(os.getpid(), -status)
+            die_by(-status)
         os._exit(status)
 
 

@@ -99,7 +99,7 @@ class Rehearsal:
     @property
     def command(self) -> str:
         ids = " ".join(self.targets)
-        return f"cd {self.root} && . ./env.sh && dvc repro {ids} && mistill repro check {ids}"
+        return f"cd {self.root} && . ./env.sh && mistill repro warm dvc repro {ids} && mistill repro check {ids}"
 
     def run_env(self, base: dict[str, str] | None = None) -> dict[str, str]:
         """`base` (default: this process's environment) with the rehearsal's variables; PATH prepended."""
