@@ -98,6 +98,14 @@ def tree_digest(root: Path) -> dict[str, str]:
             for p in sorted(root.rglob("*")) if p.is_file()}
 
 
+def module_path(env: dict[str, str]) -> list[str]:
+    """A new interpreter's module path after its first entry: a caller in this process must show the
+    server's (pytest extends its own)."""
+    shown = subprocess.run([sys.executable, "-c", "import json, sys; print(json.dumps(sys.path[1:]))"],
+                           env=env, cwd=REPO, capture_output=True, text=True, check=True).stdout
+    return json.loads(shown)
+
+
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
     """A warm server started from this environment (pytest's per-test variable left out): (socket, pid)."""
@@ -107,10 +115,7 @@ def server(tmp_path_factory):
                             stdout=subprocess.PIPE, stdin=subprocess.DEVNULL, start_new_session=True)
     try:
         assert proc.stdout.readline() == warm.READY
-        # the server's module path: a caller in this process must show the same one (pytest extends its own)
-        shown = subprocess.run([sys.executable, "-c", "import json, sys; print(json.dumps(sys.path[1:]))"],
-                               env=env, cwd=REPO, capture_output=True, text=True, check=True).stdout
-        yield str(path), proc.pid, json.loads(shown)
+        yield str(path), proc.pid, module_path(env)
     finally:
         proc.terminate()
         proc.wait()
@@ -227,3 +232,36 @@ def test_a_fork_whose_caller_was_killed_ends(served, tmp_path):
     caller.kill()
     caller.wait()
     assert gone(fork)
+
+
+EXEC_SERVER = """
+import os, sys
+from mistill.warm import READY, WarmServer
+
+before = dict(os.environ)
+# a command that replaces its process, as mistill.shard.relaunch does with torchrun
+server = WarmServer(sys.argv[1], run=lambda argv: os.execv("/bin/sh", ["sh", "-c", argv[0]]),
+                    env_before_imports=before)
+sys.stdout.buffer.write(READY)
+sys.stdout.flush()
+server.serve_forever()
+"""
+
+
+@linux_only
+def test_a_command_that_replaces_its_process_reports_the_new_program_s_status(tmp_path, monkeypatch):
+    path = tmp_path / "exec.sock"
+    env = {k: v for k, v in os.environ.items() if k != "PYTEST_CURRENT_TEST"}
+    proc = subprocess.Popen([sys.executable, "-c", EXEC_SERVER, str(path)], env=env, cwd=REPO,
+                            stdout=subprocess.PIPE, stdin=subprocess.DEVNULL, start_new_session=True)
+    try:
+        assert proc.stdout.readline() == warm.READY
+        monkeypatch.delenv("PYTEST_CURRENT_TEST", raising=False)
+        monkeypatch.setenv(warm.SOCKET_ENV, str(path))
+        monkeypatch.chdir(REPO)
+        monkeypatch.setattr(sys, "path", [sys.path[0], *module_path(env)])
+        assert warm.delegate(["exit 7"]) == 7
+        assert warm.delegate(["exit 0"]) == 0
+    finally:
+        proc.terminate()
+        proc.wait()

@@ -26,6 +26,7 @@ torchrun) keeps working: the server reports the status of whatever runs under th
 from __future__ import annotations
 
 import atexit
+import gc
 import importlib
 import json
 import os
@@ -320,6 +321,10 @@ def serve(path: str) -> None:
             pass
     from mistill.cli import main
 
+    # Out of the collector's sight: a fork's collections would otherwise walk (and so copy, page by
+    # page) the million objects these imports made, each time, in every command.
+    gc.collect()
+    gc.freeze()
     server = WarmServer(path, run=main, env_before_imports=env_before_imports)
     sys.stdout.buffer.write(READY)
     sys.stdout.flush()

@@ -41,11 +41,14 @@ UPSTREAM = ("DT-targets", f"DT-select@{load_params(REPO / 'params.yaml')['distil
             "LAS@student-smol-vanilla-fp32-s0")   # a stage, or one item of a foreach stage
 
 
-def _dvc(args: list[str], cwd: Path) -> subprocess.CompletedProcess:
+def _dvc(args: list[str], cwd: Path, *, warm: bool = False) -> subprocess.CompletedProcess:
+    """`dvc ARGS`; with `warm`, under `mistill repro warm`, as `nox -s repro` runs it (mistill.warm)."""
     env = {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}",
            "DVC_NO_ANALYTICS": "1"}
-    return subprocess.run([shutil.which("dvc", path=env["PATH"]), *args], cwd=cwd, env=env,
-                          capture_output=True, text=True)
+    command = [shutil.which("dvc", path=env["PATH"]), *args]
+    if warm:
+        command = [shutil.which("mistill", path=env["PATH"]), "repro", "warm", *command]
+    return subprocess.run(command, cwd=cwd, env=env, capture_output=True, text=True)
 
 
 @pytest.fixture(scope="module")
@@ -56,7 +59,7 @@ def chain_inputs(tmp_path_factory) -> Path:
         return REPO
     clone = tmp_path_factory.mktemp("chain") / "repo"
     subprocess.run(["git", "clone", "-q", "--local", str(REPO), str(clone)], check=True)
-    built = _dvc(["repro", *stage_addresses(clone, UPSTREAM).values()], clone)
+    built = _dvc(["repro", *stage_addresses(clone, UPSTREAM).values()], clone, warm=True)
     assert built.returncode == 0, built.stdout[-3000:] + built.stderr[-3000:]
     return clone
 

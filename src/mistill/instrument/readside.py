@@ -235,48 +235,62 @@ def note_layout(text: str, offsets: Sequence[tuple[int, int]], prompt: str, comp
     return NoteLayout(section, line_code, mention, mentions, token_char, completion_at)
 
 
+# the categories a key's section decides alone (shortlist lines and the trace depend on the event)
+_SECTION_CATEGORY = {_SINK: CAT["sink"], _TEMPLATE: CAT["template"], _INV_OTHER: CAT["inventory_other"],
+                     _NOTE: CAT["note"], _INSTRUCTION: CAT["instruction"]}
+
+
+def line_category(line: str, *, code: str, near_miss: str | None) -> int:
+    """A shortlist line's category for an event deciding `code` (near-miss `near_miss`)."""
+    if line == code:
+        return CAT["own_line"]
+    if near_miss and line == near_miss:
+        return CAT["near_miss_line"]
+    if line[:3] == code[:3]:
+        return CAT["category_lines"]
+    if line[:1] == code[:1]:
+        return CAT["chapter_lines"]
+    return CAT["other_chapter_lines"]
+
+
+def mention_category(mentioned: str, *, code: str, near_miss: str | None) -> int:
+    """An earlier code mention's category in the trace: the decided code, its near-miss, or another."""
+    if mentioned == code:
+        return CAT["trace_S"]
+    if near_miss and mentioned == near_miss:
+        return CAT["trace_N"]
+    return CAT["trace_other_codes"]
+
+
 def event_categories(layout: NoteLayout, *, code: str, near_miss: str | None, anchor: int, prefix: str,
                      upto: int) -> np.ndarray:
-    """Category index of every key position 0..upto for one event (anchor: in the completion)."""
-    cats = np.empty(upto + 1, dtype=np.int64)
-    mention_start = anchor - len(prefix or "")
-    for j in range(upto + 1):
-        sec = layout.section[j]
-        if sec == _SINK:
-            cats[j] = CAT["sink"]
-        elif sec == _TEMPLATE:
-            cats[j] = CAT["template"]
-        elif sec == _LINE:
-            line = layout.line_code[j]
-            if line == code:
-                cats[j] = CAT["own_line"]
-            elif near_miss and line == near_miss:
-                cats[j] = CAT["near_miss_line"]
-            elif line[:3] == code[:3]:
-                cats[j] = CAT["category_lines"]
-            elif line[:1] == code[:1]:
-                cats[j] = CAT["chapter_lines"]
-            else:
-                cats[j] = CAT["other_chapter_lines"]
-        elif sec == _INV_OTHER:
-            cats[j] = CAT["inventory_other"]
-        elif sec == _NOTE:
-            cats[j] = CAT["note"]
-        elif sec == _INSTRUCTION:
-            cats[j] = CAT["instruction"]
-        else:
-            c = layout.token_char[j] - layout.completion_at
-            k = layout.mention[j]
-            if mention_start <= c < anchor:
-                cats[j] = CAT["trace_prefix"]
-            elif k < 0 or layout.mentions[k][1] >= mention_start:  # prose, or the current mention's rest
-                cats[j] = CAT["trace_prose"]
-            elif layout.mentions[k][0] == code:
-                cats[j] = CAT["trace_S"]
-            elif near_miss and layout.mentions[k][0] == near_miss:
-                cats[j] = CAT["trace_N"]
-            else:
-                cats[j] = CAT["trace_other_codes"]
+    """Category index of every key position 0..upto for one event (anchor: in the completion).
+
+    In the trace, the characters of the decided code written so far (`prefix`, ending at `anchor`)
+    are the prefix; a token in an earlier mention of a code takes that code's category; the rest of
+    the trace, and the current mention, are prose.
+    """
+    n = upto + 1
+    section = np.asarray(layout.section[:n])
+    cats = np.empty(n, dtype=np.int64)
+    for sec, cat in _SECTION_CATEGORY.items():
+        cats[section == sec] = cat
+    lines = np.flatnonzero(section == _LINE)
+    by_line = {line: line_category(line, code=code, near_miss=near_miss)
+               for line in {layout.line_code[j] for j in lines}}
+    cats[lines] = [by_line[layout.line_code[j]] for j in lines]
+    trace = np.flatnonzero(~np.isin(section, [*_SECTION_CATEGORY, _LINE]))
+    if trace.size:
+        mention_start = anchor - len(prefix or "")
+        c = np.asarray(layout.token_char)[trace] - layout.completion_at
+        k = np.asarray(layout.mention)[trace]
+        starts = np.array([start for _, start, _ in layout.mentions] or [0])
+        mentioned = np.array([mention_category(m, code=code, near_miss=near_miss)
+                              for m, _, _ in layout.mentions] or [CAT["trace_prose"]])
+        k_or_0 = np.where(k >= 0, k, 0)
+        prose = (k < 0) | (starts[k_or_0] >= mention_start)   # prose, or the current mention's rest
+        trace_cats = np.where(prose, CAT["trace_prose"], mentioned[k_or_0])
+        cats[trace] = np.where((mention_start <= c) & (c < anchor), CAT["trace_prefix"], trace_cats)
     return cats
 
 
