@@ -204,6 +204,7 @@ class WarmServer:
     def accept(self) -> None:
         conn, _ = self.listener.accept()
         conn.settimeout(30)
+        fds: list[int] = []
         try:
             data, fds, _, _ = socket.recv_fds(conn, RECEIVE_LIMIT, 3)
             while not data.endswith(b"\n"):
@@ -214,6 +215,8 @@ class WarmServer:
             request = json.loads(data)
             reason = incompatibility(request, self.own) if len(fds) == 3 else "no stdin, stdout and stderr"
         except (OSError, ValueError) as err:
+            for fd in fds:
+                os.close(fd)
             conn.close()
             print(f"mistill warm: dropped a request ({err})", file=sys.stderr)
             return
