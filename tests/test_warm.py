@@ -9,6 +9,7 @@ import signal
 import subprocess
 import sys
 import time
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -106,19 +107,28 @@ def module_path(env: dict[str, str]) -> list[str]:
     return json.loads(shown)
 
 
-@pytest.fixture(scope="module")
-def server(tmp_path_factory):
-    """A warm server started from this environment (pytest's per-test variable left out): (socket, pid)."""
-    path = tmp_path_factory.mktemp("warm") / "stages.sock"
-    env = {k: v for k, v in os.environ.items() if k != "PYTEST_CURRENT_TEST"}
-    proc = subprocess.Popen([sys.executable, "-m", "mistill.warm", str(path)], env=env, cwd=REPO,
-                            stdout=subprocess.PIPE, stdin=subprocess.DEVNULL, start_new_session=True)
+SERVER_ENV = {k: v for k, v in os.environ.items() if k != "PYTEST_CURRENT_TEST"}   # as a caller will show it
+
+
+@contextmanager
+def started(argv: list[str]):
+    """A server process (its argv after the interpreter), once it says ready; ended afterwards."""
+    proc = subprocess.Popen([sys.executable, *argv], env=SERVER_ENV, cwd=REPO, stdout=subprocess.PIPE,
+                            stdin=subprocess.DEVNULL, start_new_session=True)
     try:
         assert proc.stdout.readline() == warm.READY
-        yield str(path), proc.pid, module_path(env)
+        yield proc
     finally:
         proc.terminate()
         proc.wait()
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    """A warm server started from this environment: (socket, pid, module path)."""
+    path = tmp_path_factory.mktemp("warm") / "stages.sock"
+    with started(["-m", "mistill.warm", str(path)]) as proc:
+        yield str(path), proc.pid, module_path(SERVER_ENV)
 
 
 @pytest.fixture
@@ -128,11 +138,11 @@ def served(server, monkeypatch):
     return server
 
 
-def as_the_server_was_started(monkeypatch, served) -> None:
+def as_the_server_was_started(monkeypatch, path: list[str]) -> None:
     """This process as a caller the server accepts: pytest names the running test in the environment once
     a test's body starts, and puts test directories on the module path."""
     monkeypatch.delenv("PYTEST_CURRENT_TEST", raising=False)
-    monkeypatch.setattr(sys, "path", [sys.path[0], *served[2]])
+    monkeypatch.setattr(sys, "path", [sys.path[0], *path])
 
 
 def test_no_server_means_the_command_runs_here(monkeypatch, tmp_path):
@@ -143,7 +153,7 @@ def test_no_server_means_the_command_runs_here(monkeypatch, tmp_path):
 
 
 def test_a_forked_command_prints_and_exits_as_a_cold_one(served, capfd, monkeypatch):
-    as_the_server_was_started(monkeypatch, served)
+    as_the_server_was_started(monkeypatch, served[2])
     argv = ["repro", "read", "R-NONE"]
     assert warm.delegate(argv) == 2
     forked = capfd.readouterr()
@@ -154,7 +164,7 @@ def test_a_forked_command_prints_and_exits_as_a_cold_one(served, capfd, monkeypa
 
 
 def test_a_changed_environment_runs_cold(served, monkeypatch, capfd):
-    as_the_server_was_started(monkeypatch, served)
+    as_the_server_was_started(monkeypatch, served[2])
     monkeypatch.setenv("OMP_NUM_THREADS", "1" if os.environ.get("OMP_NUM_THREADS") != "1" else "2")
     assert warm.delegate(["repro", "registry-md", "--check"]) is None
     assert "environment differs in OMP_NUM_THREADS" in capfd.readouterr().err
@@ -251,17 +261,9 @@ server.serve_forever()
 @linux_only
 def test_a_command_that_replaces_its_process_reports_the_new_program_s_status(tmp_path, monkeypatch):
     path = tmp_path / "exec.sock"
-    env = {k: v for k, v in os.environ.items() if k != "PYTEST_CURRENT_TEST"}
-    proc = subprocess.Popen([sys.executable, "-c", EXEC_SERVER, str(path)], env=env, cwd=REPO,
-                            stdout=subprocess.PIPE, stdin=subprocess.DEVNULL, start_new_session=True)
-    try:
-        assert proc.stdout.readline() == warm.READY
-        monkeypatch.delenv("PYTEST_CURRENT_TEST", raising=False)
+    with started(["-c", EXEC_SERVER, str(path)]):
+        as_the_server_was_started(monkeypatch, module_path(SERVER_ENV))
         monkeypatch.setenv(warm.SOCKET_ENV, str(path))
         monkeypatch.chdir(REPO)
-        monkeypatch.setattr(sys, "path", [sys.path[0], *module_path(env)])
         assert warm.delegate(["exit 7"]) == 7
         assert warm.delegate(["exit 0"]) == 0
-    finally:
-        proc.terminate()
-        proc.wait()

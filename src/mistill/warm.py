@@ -187,12 +187,10 @@ class WarmServer:
                 if key.fileobj is self.listener:
                     self.accept()
                 elif key.fileobj == self.wake_read:
-                    while True:
-                        try:
-                            if not os.read(self.wake_read, 512):
-                                break
-                        except BlockingIOError:
-                            break
+                    try:
+                        os.read(self.wake_read, 4096)   # the wake-up bytes; any number of SIGCHLDs
+                    except BlockingIOError:
+                        pass
                     self.reap()
                 else:   # a caller's connection became readable: it hung up, so its fork must end
                     self.selector.unregister(key.fileobj)
