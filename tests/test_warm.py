@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -173,17 +174,27 @@ def test_a_changed_environment_runs_cold(served, monkeypatch, capfd):
 MISTILL = Path(sys.executable).with_name("mistill")
 
 
-def init_students(out: Path, env: dict[str, str]) -> subprocess.Popen:
+@pytest.fixture(scope="module")
+def world(tmp_path_factory) -> Path:
+    """A working directory with the demo's params, inventory and notes (what the students' tokenizer reads)."""
+    root = tmp_path_factory.mktemp("world")
+    shutil.copy(REPO / "params.yaml", root / "params.yaml")
+    for command in ("inventory", "notes"):
+        subprocess.run([str(MISTILL), "world", command], env=SERVER_ENV, cwd=root, check=True, capture_output=True)
+    return root
+
+
+def init_students(world: Path, out: Path, env: dict[str, str]) -> subprocess.Popen:
     """Seeded random initialisation of the demo students: torch work of a few seconds."""
     env = {k: v for k, v in env.items() if k != "PYTEST_CURRENT_TEST"}
-    return subprocess.Popen([str(MISTILL), "models", "init-students", "--out-dir", str(out)], env=env, cwd=REPO,
+    return subprocess.Popen([str(MISTILL), "models", "init-students", "--out-dir", str(out)], env=env, cwd=world,
                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
 
 
-def test_forked_torch_work_writes_the_bytes_a_cold_process_writes(served, tmp_path):
+def test_forked_torch_work_writes_the_bytes_a_cold_process_writes(served, world, tmp_path):
     env = dict(os.environ)
     for name, run_env in (("warm", env), ("cold", {k: v for k, v in env.items() if k != warm.SOCKET_ENV})):
-        proc = init_students(tmp_path / name, run_env)
+        proc = init_students(world, tmp_path / name, run_env)
         status, err = proc.wait(), proc.stderr.read()
         assert status == 0, err
         assert "running it cold" not in err
@@ -218,15 +229,15 @@ linux_only = pytest.mark.skipif(not Path("/proc/self/task").is_dir(), reason="re
 
 @linux_only
 @pytest.mark.parametrize("signum", [signal.SIGKILL, signal.SIGTERM])
-def test_a_fork_that_dies_by_a_signal_takes_its_caller_with_it(served, tmp_path, signum):
-    caller = init_students(tmp_path / "out", dict(os.environ))
+def test_a_fork_that_dies_by_a_signal_takes_its_caller_with_it(served, world, tmp_path, signum):
+    caller = init_students(world, tmp_path / "out", dict(os.environ))
     os.kill(fork_of(served[1]), signum)
     assert caller.wait(timeout=60) == -signum
 
 
 @linux_only
-def test_ctrl_c_reaches_the_fork_through_its_caller(served, tmp_path):
-    caller = init_students(tmp_path / "out", dict(os.environ))
+def test_ctrl_c_reaches_the_fork_through_its_caller(served, world, tmp_path):
+    caller = init_students(world, tmp_path / "out", dict(os.environ))
     fork = fork_of(served[1])
     time.sleep(0.5)   # the caller learns its fork's pid just after the fork starts
     caller.send_signal(signal.SIGINT)
@@ -236,8 +247,8 @@ def test_ctrl_c_reaches_the_fork_through_its_caller(served, tmp_path):
 
 
 @linux_only
-def test_a_fork_whose_caller_was_killed_ends(served, tmp_path):
-    caller = init_students(tmp_path / "out", dict(os.environ))
+def test_a_fork_whose_caller_was_killed_ends(served, world, tmp_path):
+    caller = init_students(world, tmp_path / "out", dict(os.environ))
     fork = fork_of(served[1])
     caller.kill()
     caller.wait()
