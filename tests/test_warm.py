@@ -11,6 +11,7 @@ import subprocess
 import sys
 import time
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -108,17 +109,33 @@ def module_path(env: dict[str, str]) -> list[str]:
     return json.loads(shown)
 
 
-SERVER_ENV = {k: v for k, v in os.environ.items() if k != "PYTEST_CURRENT_TEST"}   # as a caller will show it
+def caller_env() -> dict[str, str]:
+    """This process's environment as a caller shows it: pytest names the running test in it."""
+    return {k: v for k, v in os.environ.items() if k != "PYTEST_CURRENT_TEST"}
+
+
+@dataclass(frozen=True)
+class Server:
+    """A running server: its socket, its pid, the environment it started with and a new interpreter's
+    module path after the first entry under that environment."""
+
+    socket: str
+    pid: int
+    env: dict[str, str]
+    path: list[str]
 
 
 @contextmanager
-def started(argv: list[str]):
-    """A server process (its argv after the interpreter), once it says ready; ended afterwards."""
-    proc = subprocess.Popen([sys.executable, *argv], env=SERVER_ENV, cwd=REPO, stdout=subprocess.PIPE,
+def started(argv: list[str], socket: Path):
+    """A server process (its argv after the interpreter, then the socket), once it says ready; ended
+    afterwards. It starts with this process's environment as it is now: earlier tests may have changed
+    it (loading a checkpoint sets HF_HUB_OFFLINE), and the callers below take the same one."""
+    env = caller_env()
+    proc = subprocess.Popen([sys.executable, *argv, str(socket)], env=env, cwd=REPO, stdout=subprocess.PIPE,
                             stdin=subprocess.DEVNULL, start_new_session=True)
     try:
         assert proc.stdout.readline() == warm.READY
-        yield proc
+        yield Server(str(socket), proc.pid, env, module_path(env))
     finally:
         proc.terminate()
         proc.wait()
@@ -126,24 +143,34 @@ def started(argv: list[str]):
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
-    """A warm server started from this environment: (socket, pid, module path)."""
-    path = tmp_path_factory.mktemp("warm") / "stages.sock"
-    with started(["-m", "mistill.warm", str(path)]) as proc:
-        yield str(path), proc.pid, module_path(SERVER_ENV)
+    """A warm server started from this environment."""
+    with started(["-m", "mistill.warm"], tmp_path_factory.mktemp("warm") / "stages.sock") as running:
+        yield running
+
+
+def as_a_caller_of(server: Server, monkeypatch) -> None:
+    """This process as a caller the server accepts: its environment exactly the server's plus the
+    socket, the module path a new interpreter would have, the repository as its working directory."""
+    for name in set(os.environ) - set(server.env):
+        monkeypatch.delenv(name)
+    for name, value in server.env.items():
+        monkeypatch.setenv(name, value)
+    monkeypatch.setenv(warm.SOCKET_ENV, server.socket)
+    monkeypatch.setattr(sys, "path", [sys.path[0], *server.path])
+    monkeypatch.chdir(REPO)
+
+
+def delegated(argv: list[str], monkeypatch):
+    """warm.delegate from this process, as a caller: pytest names the running test in the environment
+    again when a test's body starts, after the fixtures have run."""
+    monkeypatch.delenv("PYTEST_CURRENT_TEST", raising=False)
+    return warm.delegate(argv)
 
 
 @pytest.fixture
-def served(server, monkeypatch):
-    monkeypatch.setenv(warm.SOCKET_ENV, server[0])
-    monkeypatch.chdir(REPO)
+def served(server, monkeypatch) -> Server:
+    as_a_caller_of(server, monkeypatch)
     return server
-
-
-def as_the_server_was_started(monkeypatch, path: list[str]) -> None:
-    """This process as a caller the server accepts: pytest names the running test in the environment once
-    a test's body starts, and puts test directories on the module path."""
-    monkeypatch.delenv("PYTEST_CURRENT_TEST", raising=False)
-    monkeypatch.setattr(sys, "path", [sys.path[0], *path])
 
 
 def test_no_server_means_the_command_runs_here(monkeypatch, tmp_path):
@@ -154,9 +181,8 @@ def test_no_server_means_the_command_runs_here(monkeypatch, tmp_path):
 
 
 def test_a_forked_command_prints_and_exits_as_a_cold_one(served, capfd, monkeypatch):
-    as_the_server_was_started(monkeypatch, served[2])
     argv = ["repro", "read", "R-NONE"]
-    assert warm.delegate(argv) == 2
+    assert delegated(argv, monkeypatch) == 2
     forked = capfd.readouterr()
     assert main(argv) == 2
     cold = capfd.readouterr()
@@ -165,9 +191,8 @@ def test_a_forked_command_prints_and_exits_as_a_cold_one(served, capfd, monkeypa
 
 
 def test_a_changed_environment_runs_cold(served, monkeypatch, capfd):
-    as_the_server_was_started(monkeypatch, served[2])
     monkeypatch.setenv("OMP_NUM_THREADS", "1" if os.environ.get("OMP_NUM_THREADS") != "1" else "2")
-    assert warm.delegate(["repro", "registry-md", "--check"]) is None
+    assert delegated(["repro", "registry-md", "--check"], monkeypatch) is None
     assert "environment differs in OMP_NUM_THREADS" in capfd.readouterr().err
 
 
@@ -175,12 +200,12 @@ MISTILL = Path(sys.executable).with_name("mistill")
 
 
 @pytest.fixture(scope="module")
-def world(tmp_path_factory) -> Path:
+def world(server, tmp_path_factory) -> Path:
     """A working directory with the demo's params, inventory and notes (what the students' tokenizer reads)."""
     root = tmp_path_factory.mktemp("world")
     shutil.copy(REPO / "params.yaml", root / "params.yaml")
     for command in ("inventory", "notes"):
-        subprocess.run([str(MISTILL), "world", command], env=SERVER_ENV, cwd=root, check=True, capture_output=True)
+        subprocess.run([str(MISTILL), "world", command], env=server.env, cwd=root, check=True, capture_output=True)
     return root
 
 
@@ -231,14 +256,14 @@ linux_only = pytest.mark.skipif(not Path("/proc/self/task").is_dir(), reason="re
 @pytest.mark.parametrize("signum", [signal.SIGKILL, signal.SIGTERM])
 def test_a_fork_that_dies_by_a_signal_takes_its_caller_with_it(served, world, tmp_path, signum):
     caller = init_students(world, tmp_path / "out", dict(os.environ))
-    os.kill(fork_of(served[1]), signum)
+    os.kill(fork_of(served.pid), signum)
     assert caller.wait(timeout=60) == -signum
 
 
 @linux_only
 def test_ctrl_c_reaches_the_fork_through_its_caller(served, world, tmp_path):
     caller = init_students(world, tmp_path / "out", dict(os.environ))
-    fork = fork_of(served[1])
+    fork = fork_of(served.pid)
     time.sleep(0.5)   # the caller learns its fork's pid just after the fork starts
     caller.send_signal(signal.SIGINT)
     assert caller.wait(timeout=60) == -signal.SIGINT
@@ -249,7 +274,7 @@ def test_ctrl_c_reaches_the_fork_through_its_caller(served, world, tmp_path):
 @linux_only
 def test_a_fork_whose_caller_was_killed_ends(served, world, tmp_path):
     caller = init_students(world, tmp_path / "out", dict(os.environ))
-    fork = fork_of(served[1])
+    fork = fork_of(served.pid)
     caller.kill()
     caller.wait()
     assert gone(fork)
@@ -271,10 +296,7 @@ server.serve_forever()
 
 @linux_only
 def test_a_command_that_replaces_its_process_reports_the_new_program_s_status(tmp_path, monkeypatch):
-    path = tmp_path / "exec.sock"
-    with started(["-c", EXEC_SERVER, str(path)]):
-        as_the_server_was_started(monkeypatch, module_path(SERVER_ENV))
-        monkeypatch.setenv(warm.SOCKET_ENV, str(path))
-        monkeypatch.chdir(REPO)
-        assert warm.delegate(["exit 7"]) == 7
-        assert warm.delegate(["exit 0"]) == 0
+    with started(["-c", EXEC_SERVER], tmp_path / "exec.sock") as running:
+        as_a_caller_of(running, monkeypatch)
+        assert delegated(["exit 7"], monkeypatch) == 7
+        assert delegated(["exit 0"], monkeypatch) == 0
