@@ -129,7 +129,7 @@ class Server:
 def started(argv: list[str], socket: Path):
     """A server process (its argv after the interpreter, then the socket), once it says ready; ended
     afterwards. It starts with this process's environment as it is now: earlier tests may have changed
-    it (loading a checkpoint sets HF_HUB_OFFLINE), and the callers below take the same one."""
+    it, and the callers below take the same one."""
     env = caller_env()
     proc = subprocess.Popen([sys.executable, *argv, str(socket)], env=env, cwd=REPO, stdout=subprocess.PIPE,
                             stdin=subprocess.DEVNULL, start_new_session=True)

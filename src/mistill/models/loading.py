@@ -25,7 +25,6 @@ on positions in the tens of thousands.
 
 from __future__ import annotations
 
-import os
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
@@ -142,8 +141,7 @@ def checkpoint_directory(spec: ModelSpec | str | Path) -> Path:
     spec = as_spec(spec)
     if spec.is_local:
         return _local_dir(spec.source)
-    os.environ["HF_HUB_OFFLINE"] = "1"  # App. J.1: loaded offline from a local cache
-    from huggingface_hub import snapshot_download
+    from huggingface_hub import snapshot_download  # App. J.1: loaded offline from a local cache
 
     try:
         return Path(snapshot_download(spec.source, revision=spec.revision, local_files_only=True))
