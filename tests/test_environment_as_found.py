@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-
-CONFTEST = Path(__file__).with_name("conftest.py")
+FIXTURE = "from tests.conftest import environment_as_found  # noqa: F401\n"   # the fixture, alone
 
 TESTS = """
 import os
@@ -24,7 +22,7 @@ def test_b_finds_the_environment_as_it_was():
 def test_the_next_test_finds_the_environment_as_it_was(pytester, monkeypatch):
     monkeypatch.setenv("MISTILL_KEPT", "kept")
     monkeypatch.setenv("MISTILL_REMOVED", "here")
-    pytester.makeconftest(CONFTEST.read_text().replace('pytest_plugins = ["pytester"]', ""))
+    pytester.makeconftest(FIXTURE)
     pytester.makepyfile(TESTS)
     pytester.runpytest_inprocess("-p", "no:cacheprovider").assert_outcomes(passed=2)
 

@@ -18,6 +18,7 @@ import pytest
 
 from mistill import warm
 from mistill.cli import main
+from tests.conftest import PYTEST_OWN
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -109,9 +110,9 @@ def module_path(env: dict[str, str]) -> list[str]:
     return json.loads(shown)
 
 
-def caller_env() -> dict[str, str]:
-    """This process's environment as a caller shows it: pytest names the running test in it."""
-    return {k: v for k, v in os.environ.items() if k != "PYTEST_CURRENT_TEST"}
+def caller_env(env=os.environ) -> dict[str, str]:
+    """An environment (by default this process's) as a caller shows it: without pytest's own variable."""
+    return {k: v for k, v in env.items() if k != PYTEST_OWN}
 
 
 @dataclass(frozen=True)
@@ -163,7 +164,7 @@ def as_a_caller_of(server: Server, monkeypatch) -> None:
 def delegated(argv: list[str], monkeypatch):
     """warm.delegate from this process, as a caller: pytest names the running test in the environment
     again when a test's body starts, after the fixtures have run."""
-    monkeypatch.delenv("PYTEST_CURRENT_TEST", raising=False)
+    monkeypatch.delenv(PYTEST_OWN, raising=False)
     return warm.delegate(argv)
 
 
@@ -211,8 +212,8 @@ def world(server, tmp_path_factory) -> Path:
 
 def init_students(world: Path, out: Path, env: dict[str, str]) -> subprocess.Popen:
     """Seeded random initialisation of the demo students: torch work of a few seconds."""
-    env = {k: v for k, v in env.items() if k != "PYTEST_CURRENT_TEST"}
-    return subprocess.Popen([str(MISTILL), "models", "init-students", "--out-dir", str(out)], env=env, cwd=world,
+    return subprocess.Popen([str(MISTILL), "models", "init-students", "--out-dir", str(out)], env=caller_env(env),
+                            cwd=world,
                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
 
 
