@@ -81,18 +81,18 @@ def _calibrated(git_root, values: dict[str, list[float]]) -> None:
 
 def test_marks_only_then_check_then_rebless(git_root, monkeypatch):
     monkeypatch.chdir(git_root)
-    _calibrated(git_root, {KEY: [-0.051, 0.060], GAIN: [-0.37, -0.03]})
+    _calibrated(git_root, {KEY: [-0.051, 0.060], GAIN: [-0.37, -0.06]})
     registry = load_registry(git_root)
     assert [(c.key, c.null_interval) for c in remark_null_intervals(registry, "demo")] == [(KEY, True)]
     marked = load_registry(git_root).expected("demo").values["R-D18"]
     assert marked[KEY].null_interval_why and marked[KEY].held_to().startswith("null interval: contains 0")
-    assert marked[GAIN].null_interval_why is None                 # excludes zero: the tolerance holds it
+    assert marked[GAIN].null_interval_why is None and marked[GAIN].descriptive is None   # 0.049 short of zero
     commit_all(git_root)
     assert remark_null_intervals(load_registry(git_root), "demo") == []   # idempotent
 
     results = git_root / "results"
 
-    def verdicts(interval, gain=(-0.37, -0.03)):
+    def verdicts(interval, gain=(-0.37, -0.06)):
         write_fixture(results, "R-D18", {KEY: {"value": list(interval), "statistic": "s", "artifact": "a"},
                                          GAIN: {"value": list(gain), "statistic": "s", "artifact": "a"}},
                       profile="demo")
@@ -114,7 +114,7 @@ def test_marks_only_then_check_then_rebless(git_root, monkeypatch):
     # a re-bless at an interval that still contains zero keeps the mark; one that excludes zero drops it
     for interval, kept in (([-0.02, 0.08], True), ([0.01, 0.09], False)):
         write_fixture(results, "R-D18", {KEY: {"value": interval, "statistic": "s", "artifact": "a"},
-                                         GAIN: {"value": [-0.37, -0.03], "statistic": "s", "artifact": "a"}},
+                                         GAIN: {"value": [-0.37, -0.06], "statistic": "s", "artifact": "a"}},
                       profile="demo")
         commit_all(git_root)
         assert main(["repro", "bless", "R-D18", "--profile", "demo", "--results", str(results),
@@ -131,3 +131,36 @@ def test_a_null_mark_on_an_interval_that_excludes_zero_is_refused(git_root, monk
     path.write_text(yaml.safe_dump(data, sort_keys=False))
     with pytest.raises(UserError, match="null_interval marks a golden"):
         load_registry(git_root).expected("demo")
+
+
+def test_marks_only_makes_a_reblessed_golden_descriptive_where_its_kept_tolerance_reaches_zero(git_root, monkeypatch):
+    """After a re-bless, calibrate()'s rule with the kept tolerance: a calibrated value whose golden now lies
+    within its tolerance of zero is only described; marks are added, never taken away."""
+    monkeypatch.chdir(git_root)
+    near, far, listed = ("smollm_note_clustered_p2c_gain_vs_bf16", "qwen_note_clustered_p2c_higher_notes",
+                         "smollm_corpus_microf1_mistill_minus_bf16_vanilla")
+    _calibrated(git_root, {near: -0.03, far: 20, listed: -0.2, KEY: [-0.051, 0.060]})
+    path = git_root / "results" / "expected" / "demo.yaml"
+    data = yaml.safe_load(path.read_text())
+    data["expected"]["R-D18"][listed]["descriptive"] = {"range": [-1.0, 1.0], "why": "an earlier calibration"}
+    path.write_text(yaml.safe_dump(data, sort_keys=False))
+    commit_all(git_root)
+
+    marked = {c.key: c for c in remark_null_intervals(load_registry(git_root), "demo")}
+    assert set(marked) == {near, KEY}                             # 0.049 >= |-0.03|; 0.049 < 20
+    assert marked[near].descriptive and not marked[near].null_interval and marked[near].range == [-1.0, 1.0]
+    assert marked[KEY].null_interval and not marked[KEY].descriptive
+    values = load_registry(git_root).expected("demo").values["R-D18"]
+    assert values[near].descriptive == (-1.0, 1.0) and values[far].descriptive is None
+    assert values[listed].descriptive_why == "an earlier calibration"   # kept, though 0.049 < 0.2 now
+    commit_all(git_root)
+    assert remark_null_intervals(load_registry(git_root), "demo") == []   # idempotent
+
+    write_fixture(git_root / "results", "R-D18", {
+        near: {"value": 0.04, "statistic": "s", "artifact": "a"}, far: {"value": 26, "statistic": "s", "artifact": "a"},
+        listed: {"value": 0.3, "statistic": "s", "artifact": "a"}, KEY: {"value": [-0.06, 0.07], "statistic": "s",
+                                                                        "artifact": "a"}}, profile="demo")
+    lines = {ln.key: ln.verdict for ln in run_check(load_registry(git_root), "demo", git_root / "results",
+                                                    ["R-D18"]).lines}
+    assert lines[near] == PASS and lines[listed] == PASS and lines[KEY] == PASS   # the sign flip is described
+    assert lines[far] == FAIL                                                     # 26 is beyond 20 ± 0.049

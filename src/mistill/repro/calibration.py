@@ -296,17 +296,33 @@ def write_expected(registry: Registry, profile: str, data_path: Path, data: dict
 
 
 def remark_null_intervals(registry: Registry, profile: str) -> list[CalibratedValue]:
-    """The null-interval marks of the values the last calibration set, derived again from the expected
-    values alone (`calibrate apply --marks-only`); tolerances and other values are left as they are."""
+    """The marks of the values the last calibration set, derived again from the expected values alone
+    (`calibrate apply --marks-only`, after a re-bless moved goldens under the tolerances it kept).
+
+    A calibrated interval of a difference that contains zero is a null interval.  Any other calibrated
+    value whose tolerance reaches zero from its golden is descriptive: calibrate()'s own rule, with the
+    kept tolerance standing for 4 x the spread it was measured from.  Marks are only added, never
+    removed: a value the replicates made descriptive stays so until they are run again.  Tolerances and
+    uncalibrated values are left as they are.
+    """
     data_path, data = calibratable_expected(registry, profile)
+    expected = registry.expected(profile).values
     marked = []
     for rid, keys in data["expected"].items():
         for key, entry in keys.items():
             basis = str((entry.get("tolerance") or {}).get("basis", ""))
-            if basis.startswith(CALIBRATED) and says_null(key, entry["value"]) and "null_interval" not in entry:
+            if not basis.startswith(CALIBRATED) or "null_interval" in entry or "descriptive" in entry:
+                continue
+            if says_null(key, entry["value"]):
                 c = CalibratedValue(rid, key, None, False, None, null_interval=True)
-                mark(entry, c)
-                marked.append(c)
+            else:
+                exp = expected[rid][key]
+                golden = flatten(exp.value) or []
+                if not any(exp.tolerance.allowed(g) >= abs(g) for g in golden):
+                    continue
+                c = CalibratedValue(rid, key, None, True, kind_range(exp.kind, golden, exp.stat))
+            mark(entry, c)
+            marked.append(c)
     if marked:
         write_expected(registry, profile, data_path, data)
     return marked
@@ -326,8 +342,9 @@ def register(subparsers) -> None:
     apply.add_argument("--readme", type=Path, nargs="?", const=Path("README.md"), default=None, metavar="PATH",
                        help="also rewrite the findings table between its markers in README.md (or PATH)")
     apply.add_argument("--marks-only", action="store_true",
-                       help="derive the null-interval marks of the calibrated values again from the expected "
-                            "values alone (no spread file, no tolerance changes)")
+                       help="derive the calibrated values' marks again from the expected values alone, as after "
+                            "a re-bless: null intervals, and descriptive where a kept tolerance reaches zero from "
+                            "the golden (marks are added, never removed; no spread file, no tolerance changes)")
     apply.set_defaults(func=cmd_apply)
     machine = verbs.add_parser("machine", help="mark the values a run on another machine moved that no replicate "
                                "measured (second_machine.py)")
@@ -366,11 +383,16 @@ def cmd_apply(args) -> int:
     if args.marks_only:
         calibrated = remark_null_intervals(registry, params["profile"])
         for c in calibrated:
-            print(f"{c.result_id}.{c.key}: null interval (checked for containing 0)")
-        print(f"marked {len(calibrated)} null intervals in results/expected/{params['profile']}.yaml")
+            print(f"{c.result_id}.{c.key}: " + ("null interval (checked for containing 0)" if c.null_interval
+                                               else f"descriptive in {c.range} (its tolerance reaches zero)"))
+        print(f"marked {sum(c.null_interval for c in calibrated)} null intervals and "
+              f"{sum(c.descriptive for c in calibrated)} values descriptive in "
+              f"results/expected/{params['profile']}.yaml")
         write_registry_md(registry)
         if args.readme is not None:
+            registry = load_registry()
             _rewrite_readme(args.readme, registry, params["profile"], config.results)
+            rewrite_value_checks(args.readme, registry, params["profile"])
         return 0
     calibrated = apply_calibration(registry, params["profile"], args.spreads or config.out / SPREAD_FILE)
     for c in calibrated:
@@ -410,6 +432,20 @@ def _rewrite_readme(readme: Path, registry: Registry, profile: str, results: tup
 
     replace_in_readme(readme, findings_table(registry, profile, results), README_BEGIN, README_END)
     print(f"rewrote the findings table in {readme}")
+
+
+def rewrite_value_checks(readme: Path, registry: Registry, profile: str) -> None:
+    """README's per-result table of how each distillation value is checked, and every value's check in
+    docs/demo-values.md beside it: both read the expected values alone."""
+    from mistill.repro.stage_times import replace_in_readme
+
+    distillation = tuple(sorted((rid for rid in registry.results if rid.startswith("R-D")), key=lambda r: int(r[3:])))
+    replace_in_readme(readme, checks_table(registry, profile, list(distillation)), CHECKS_BEGIN, CHECKS_END)
+    values_doc = readme.parent / VALUES_DOC
+    with atomic_open(values_doc, "w", encoding="utf-8") as fh:
+        fh.write(VALUES_DOC_HEAD.format(profile=profile) + findings_table(registry, profile, distillation, every=True)
+                 + "\n")
+    print(f"rewrote the value-checks table in {readme} and every value's check in {values_doc}")
 
 
 VALUES_DOC = Path("docs") / "demo-values.md"

@@ -42,18 +42,13 @@ from typing import Any
 import yaml
 
 from mistill.errors import UserError
-from mistill.io import atomic_open, code_version
+from mistill.io import code_version
 from mistill.repro.calibration import (
     CALIBRATED,
-    CHECKS_BEGIN,
-    CHECKS_END,
     NULL_WHY,
-    VALUES_DOC,
-    VALUES_DOC_HEAD,
     calibratable_expected,
-    checks_table,
-    findings_table,
     kind_range,
+    rewrite_value_checks,
     write_expected,
 )
 from mistill.repro.numbers import read_numbers
@@ -236,17 +231,7 @@ def cmd_machine(args) -> int:
     marked = [m for m in moves if m.outcome != KEPT]
     verb = "would mark" if args.dry_run else "marked"
     if args.readme is not None and not args.dry_run:
-        from mistill.repro.stage_times import replace_in_readme
-
-        distillation = sorted((rid for rid in registry.results if rid.startswith("R-D")), key=lambda r: int(r[3:]))
-        registry = load_registry()
-        replace_in_readme(args.readme, checks_table(registry, params["profile"], distillation),
-                          CHECKS_BEGIN, CHECKS_END)
-        values_doc = args.readme.parent / VALUES_DOC
-        with atomic_open(values_doc, "w", encoding="utf-8") as fh:
-            fh.write(VALUES_DOC_HEAD.format(profile=params["profile"])
-                     + findings_table(registry, params["profile"], tuple(distillation), every=True) + "\n")
-        print(f"rewrote the value-checks table in {args.readme} and every value's check in {values_doc}")
+        rewrite_value_checks(args.readme, load_registry(), params["profile"])
     unmeasured_moves = [m for m in moves if not m.off_zero]
     print(f"{run.name} ({run.cpu}): {len(unmeasured_moves)} unmeasured values compared, "
           f"{sum(m.move > 0 for m in unmeasured_moves)} moved, {len(moves) - len(marked)} kept (moved at most "
