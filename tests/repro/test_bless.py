@@ -144,3 +144,22 @@ def test_extra_keys_let_a_demo_reader_record_an_invariant(git_root, monkeypatch)
     assert main(["repro", "bless", "R-C2", "--profile", "demo", "--results", str(git_root / "results")]) == 0
     assert main(["repro", "check", "R-C2", "--profile", "demo", "--results", str(git_root / "results")]) == 0
     assert "`all_heads_knockin_recovery`" in (git_root / "REGISTRY.md").read_text()
+
+
+def test_rebless_of_a_descriptive_list_of_intervals_checks_every_number(git_root, monkeypatch):
+    """A descriptive per-seed list of intervals (a list of lists) is re-blessed; its range grows to hold a
+    number outside it."""
+    monkeypatch.chdir(git_root)
+    results = git_root / "results"
+    write_fixture(results, "R-C1", demo_values(median_p1_margin=[[1.0, 2.0], [3.0, 4.0]]), profile="demo")
+    main(["repro", "bless", "R-C1", "--profile", "demo", "--results", str(results)])
+    path = results / "expected" / "demo.yaml"
+    data = yaml.load(path.read_text(), Loader=LOADER)
+    data["expected"]["R-C1"]["median_p1_margin"]["descriptive"] = {"range": [-5.0, 5.0], "why": "set by hand"}
+    path.write_text(yaml.safe_dump(data, sort_keys=False))
+    commit_all(git_root)
+    write_fixture(results, "R-C1", demo_values(median_p1_margin=[[1.0, 2.0], [6.0, 7.0]]), profile="demo")
+    assert main(["repro", "bless", "R-C1", "--profile", "demo", "--results", str(results),
+                 "--accept-breach", "a seed's interval moved"]) == 0
+    low, high = load_registry(git_root).expected("demo").values["R-C1"]["median_p1_margin"].descriptive
+    assert low <= -5.0 and high >= 7.0

@@ -43,7 +43,7 @@ from mistill.repro.numbers import NumbersFile, hash_inputs, numbers_path, read_n
 from mistill.repro.pipeline import lock_files
 from mistill.repro.registry import EXPECTED_DIR, Registry, expected_path, infer_kind
 from mistill.repro.registry_md import REGISTRY_MD
-from mistill.repro.tolerance import says_null
+from mistill.repro.tolerance import flatten, says_null
 
 # Verdicts of the check that make blessing a change of the goldens rather than a refresh of them.
 BREACH_VERDICTS = (FAIL, NOT_REPRODUCED)
@@ -117,7 +117,7 @@ def bless(registry: Registry, ids: list[str], *, profile: str, results_dir: str 
             if "descriptive" in old.get(key, {}):       # the calibration's mark, or one set by hand
                 entry["descriptive"] = dict(old[key]["descriptive"])
                 low, high = entry["descriptive"]["range"]
-                values = number["value"] if isinstance(number["value"], list) else [number["value"]]
+                values = flatten(number["value"]) or []      # a list of intervals too: every number in it
                 if any(not low <= float(v) <= high for v in values):
                     # a ratio the calibration saw below its kind's bound (a lift under 1) is unbounded after all
                     entry["descriptive"]["range"] = kind_range(entry["kind"], [low, high, *map(float, values)],
