@@ -1,5 +1,7 @@
 """Blessing demo goldens: provenance recorded, changes printed, the paper's values never overwritten."""
 
+from pathlib import Path
+
 import pytest
 import yaml
 
@@ -62,17 +64,24 @@ def test_hand_set_tolerance_survives_rebless(git_root, monkeypatch):
     assert tol.absolute == 0.5
 
 
-def test_hand_set_descriptive_mark_survives_rebless(git_root, monkeypatch):
-    """A value marked descriptive by hand (no tolerance of its own: not yet measured by the replicates)."""
-    monkeypatch.chdir(git_root)
+def _blessed_and_marked_descriptive(git_root, margin) -> Path:
+    """R-C1 blessed with `median_p1_margin` at `margin`, then marked descriptive in [-5, 5] by hand; the
+    results directory."""
     results = git_root / "results"
-    write_fixture(results, "R-C1", demo_values(median_p1_margin=3.2), profile="demo")
+    write_fixture(results, "R-C1", demo_values(median_p1_margin=margin), profile="demo")
     main(["repro", "bless", "R-C1", "--profile", "demo", "--results", str(results)])
     path = results / "expected" / "demo.yaml"
     data = yaml.load(path.read_text(), Loader=LOADER)
     data["expected"]["R-C1"]["median_p1_margin"]["descriptive"] = {"range": [-5.0, 5.0], "why": "set by hand"}
     path.write_text(yaml.safe_dump(data, sort_keys=False))
     commit_all(git_root)
+    return results
+
+
+def test_hand_set_descriptive_mark_survives_rebless(git_root, monkeypatch):
+    """A value marked descriptive by hand (no tolerance of its own: not yet measured by the replicates)."""
+    monkeypatch.chdir(git_root)
+    results = _blessed_and_marked_descriptive(git_root, 3.2)
     write_fixture(results, "R-C1", demo_values(median_p1_margin=3.3), profile="demo")
     assert main(["repro", "bless", "R-C1", "--profile", "demo", "--results", str(results)]) == 0
     kept = load_registry(git_root).expected("demo").values["R-C1"]["median_p1_margin"]
@@ -150,14 +159,7 @@ def test_rebless_of_a_descriptive_list_of_intervals_checks_every_number(git_root
     """A descriptive per-seed list of intervals (a list of lists) is re-blessed; its range grows to hold a
     number outside it."""
     monkeypatch.chdir(git_root)
-    results = git_root / "results"
-    write_fixture(results, "R-C1", demo_values(median_p1_margin=[[1.0, 2.0], [3.0, 4.0]]), profile="demo")
-    main(["repro", "bless", "R-C1", "--profile", "demo", "--results", str(results)])
-    path = results / "expected" / "demo.yaml"
-    data = yaml.load(path.read_text(), Loader=LOADER)
-    data["expected"]["R-C1"]["median_p1_margin"]["descriptive"] = {"range": [-5.0, 5.0], "why": "set by hand"}
-    path.write_text(yaml.safe_dump(data, sort_keys=False))
-    commit_all(git_root)
+    results = _blessed_and_marked_descriptive(git_root, [[1.0, 2.0], [3.0, 4.0]])
     write_fixture(results, "R-C1", demo_values(median_p1_margin=[[1.0, 2.0], [6.0, 7.0]]), profile="demo")
     assert main(["repro", "bless", "R-C1", "--profile", "demo", "--results", str(results),
                  "--accept-breach", "a seed's interval moved"]) == 0
