@@ -85,3 +85,8 @@ def md_table(text: str) -> dict[str | None, dict[str, list[str]]]:
         assert cells[0] not in rows, f"two rows {cells[0]!r} in section {current!r}"
         rows[cells[0]] = cells[1:]
     return sections
+
+
+def minus_sign(text: str) -> str:
+    """A number as the markdown tables print it: a negative one with the minus sign, not a hyphen."""
+    return "−" + text[1:] if text.startswith("-") else text

@@ -70,6 +70,10 @@ def moved(exp: Expected, direction: int, *, element: int | None, beyond: bool):
     """The expected value with one element (`element`), or every element (None), moved to its edge."""
     flat = flatten(exp.value)
     out = [edge(x, exp, direction, beyond=beyond, index=i) if element in (None, i) else x for i, x in enumerate(flat)]
+    if exp.null_interval_why is not None and element is not None and out[0] > out[1]:
+        # a null interval whose other end sits at zero ([-0.07, 0.0]): the moved end carries it along, so the
+        # interval stays an interval, just past zero
+        out[1 - element] = out[element]
     return reshape(out, exp.value)
 
 

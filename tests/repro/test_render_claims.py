@@ -7,7 +7,7 @@ import pytest
 from mistill.cli import main
 from mistill.errors import UserError
 from mistill.repro.render import MISSING, claimed_numbers, render_paper
-from tests.repro.repro_helpers import REPO, write_fixture
+from tests.repro.repro_helpers import REPO, minus_sign, write_fixture
 
 TEMPLATES = REPO / "paper" / "templates"
 
@@ -109,7 +109,8 @@ def test_rows_name_the_profiles_own_models(registry, demo_results, tmp_path, mon
     for text in tables.values():
         assert "Qwen3-4B" not in text and "SmolLM3-3B" not in text and "Qwen3-14B" not in text
         assert "***demo Qwen3 student***" in text and "***demo SmolLM3 student***" in text
-    assert md_row(tables["table3"], "teacher (demo Qwen3 teacher, HD-002)")[3] == "0.746"   # R-D6's demo golden
+    p2c = registry.expected("demo").values["R-D6"]["teacher_hd002_p2c_k40"].value
+    assert md_row(tables["table3"], "teacher (demo Qwen3 teacher, HD-002)")[3] == minus_sign(f"{p2c:.3f}")
     figures = (tmp_path / "build" / "figures" / "index.md").read_text()   # figure titles name them too
     assert "## Figure 6: phases, terms and dose (demo Qwen3 student)" in figures and "Qwen3-4B" not in figures
 
@@ -133,4 +134,4 @@ def test_table3_shows_every_row_the_demo_computed(registry, tmp_path):
     assert len(rows) == 12
     mistill = next(line for line in rows if line.startswith("| Mistill, seeds"))
     numbers = json.loads((REPO / "results" / "R-D6.json").read_text())["values"]
-    assert mistill.split(" | ")[3] == " / ".join(f"{x:.3f}" for x in numbers["qwen_mistill_own_p2c_seeds"]["value"])
+    assert mistill.split(" | ")[3] == " / ".join(minus_sign(f"{x:.3f}") for x in numbers["qwen_mistill_own_p2c_seeds"]["value"])

@@ -1,6 +1,8 @@
 """A second machine's run: values it moved that no replicate measured become descriptive; the rest keep their checks."""
 
 import math
+import shutil
+import subprocess
 
 import numpy as np
 import pytest
@@ -10,7 +12,7 @@ from mistill.cli import main
 from mistill.errors import UserError
 from mistill.repro.calibration import findings_table
 from mistill.repro.check import FAIL, PASS, run_check
-from mistill.repro.registry import Expected, load_registry
+from mistill.repro.registry import Expected, Registry, load_registry
 from mistill.repro.second_machine import (
     DESCRIPTIVE,
     KEPT,
@@ -171,13 +173,40 @@ def test_machine_run_refuses_bad_input(tmp_path, git_root, monkeypatch):
         measure_moves(load_registry(git_root), "demo", MachineRun.load(run), 4.0)
 
 
-def test_the_committed_second_machine_run_passes_the_committed_checks(registry):
-    """The run on another CPU type (calibration/machines) holds against the demo's expected values: every value
-    it moved beyond a quarter of its tolerance carries its mark, so a re-bless cannot silently drop one."""
+def goldens_when_applied(run_name: str, tmp_path) -> Registry:
+    """The registry with the demo's expected values the machine run `run_name` was last checked against (its
+    machine.yaml names the commit, `goldens_commit`): a run is evidence about the goldens of its own chain,
+    and a later re-bless from another chain (another retriever) leaves it behind."""
+    record = yaml.safe_load((REPO / "calibration" / "machines" / run_name / "machine.yaml").read_text())
+    applied = record["goldens_commit"]
+    shown = subprocess.run(["git", "-C", str(REPO), "show", f"{applied}:results/expected/demo.yaml"],
+                           capture_output=True, text=True)
+    if shown.returncode != 0:
+        pytest.skip(f"commit {applied[:8]} is not in this clone's history (a shallow clone)")
+    (tmp_path / "results" / "expected").mkdir(parents=True)
+    shutil.copy(REPO / "registry.yaml", tmp_path / "registry.yaml")
+    shutil.copy(REPO / "results" / "expected" / "paper.yaml", tmp_path / "results" / "expected" / "paper.yaml")
+    (tmp_path / "results" / "expected" / "demo.yaml").write_text(shown.stdout)
+    return load_registry(tmp_path)
+
+
+def test_the_committed_second_machine_run_passes_the_checks_it_was_applied_to(tmp_path):
+    """The run on another CPU type (calibration/machines) holds against the expected values it was applied to:
+    every value it moved beyond a quarter of its tolerance carried its mark then, and carries it still, so a
+    re-bless cannot silently drop one."""
     run = MachineRun.load(REPO / "calibration" / "machines" / "xeon-avx512-amx")
-    report = run_check(registry, "demo", run.results)
+    then = goldens_when_applied("xeon-avx512-amx", tmp_path)
+    report = run_check(then, "demo", run.results)
     assert not report.failed, [f"{ln.result_id}.{ln.key}: {ln.detail}" for ln in report.lines if ln.fails]
-    assert [m for m in measure_moves(registry, "demo", run, 4.0) if m.outcome != KEPT] == []
+    assert [m for m in measure_moves(then, "demo", run, 4.0) if m.outcome != KEPT] == []
+    now = load_registry(REPO).expected("demo").values
+    marked_then = [(rid, key) for rid, keys in then.expected("demo").values.items() for key, exp in keys.items()
+                   if exp.descriptive is not None or exp.null_interval_why is not None]
+    assert marked_then
+    dropped = [(rid, key) for rid, key in marked_then if key in now.get(rid, {})
+               and now[rid][key].descriptive is None and now[rid][key].null_interval_why is None
+               and (then.expected("demo").values[rid][key].descriptive is not None)]
+    assert dropped == []
 
 
 def test_a_list_of_another_length_is_described_at_any_length():

@@ -11,7 +11,15 @@ import pytest
 
 from mistill.repro.labels import model_name, model_names
 from mistill.repro.render import MISSING, render_paper
-from tests.repro.repro_helpers import REPO, md_cells, md_table, paper_values, templates_with, write_fixture
+from tests.repro.repro_helpers import (
+    REPO,
+    md_cells,
+    md_table,
+    minus_sign,
+    paper_values,
+    templates_with,
+    write_fixture,
+)
 
 TABLES = ("table45", "table46")
 T45 = ["Arm", "M4 P1", "M4 P2", "M4 P2C", "M2 lift", "prefix", "task"]
@@ -229,7 +237,7 @@ def test_demo_profile_shows_every_seed_and_fills_every_cell_it_computes(registry
 
     # every training seed of the profile: a per-seed cell shows each seed's number (R-D12's grid holds the P2C medians)
     def joined(values):
-        return " / ".join(f"{x:.3f}" for x in values)
+        return " / ".join(minus_sign(f"{x:.3f}") for x in values)
 
     seeds = len(demo["R-D12"]["qwen_mistill_own_p2c_seeds"].value)
     mistill = t45[qwen]["Mistill, seeds"]
