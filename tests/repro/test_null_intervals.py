@@ -11,7 +11,7 @@ from mistill.repro.calibration import (
     Spread,
     calibrate,
     findings_table,
-    remark_null_intervals,
+    remark_from_expected,
 )
 from mistill.repro.check import FAIL, PASS, run_check
 from mistill.repro.registry import load_registry
@@ -83,12 +83,12 @@ def test_marks_only_then_check_then_rebless(git_root, monkeypatch):
     monkeypatch.chdir(git_root)
     _calibrated(git_root, {KEY: [-0.051, 0.060], GAIN: [-0.37, -0.06]})
     registry = load_registry(git_root)
-    assert [(c.key, c.null_interval) for c in remark_null_intervals(registry, "demo")] == [(KEY, True)]
+    assert [(c.key, c.null_interval) for c in remark_from_expected(registry, "demo")] == [(KEY, True)]
     marked = load_registry(git_root).expected("demo").values["R-D18"]
     assert marked[KEY].null_interval_why and marked[KEY].held_to().startswith("null interval: contains 0")
     assert marked[GAIN].null_interval_why is None and marked[GAIN].descriptive is None   # 0.049 short of zero
     commit_all(git_root)
-    assert remark_null_intervals(load_registry(git_root), "demo") == []   # idempotent
+    assert remark_from_expected(load_registry(git_root), "demo") == []   # idempotent
 
     results = git_root / "results"
 
@@ -146,7 +146,7 @@ def test_marks_only_makes_a_reblessed_golden_descriptive_where_its_kept_toleranc
     path.write_text(yaml.safe_dump(data, sort_keys=False))
     commit_all(git_root)
 
-    marked = {c.key: c for c in remark_null_intervals(load_registry(git_root), "demo")}
+    marked = {c.key: c for c in remark_from_expected(load_registry(git_root), "demo")}
     assert set(marked) == {near, KEY}                             # 0.049 >= |-0.03|; 0.049 < 20
     assert marked[near].descriptive and not marked[near].null_interval and marked[near].range == [-1.0, 1.0]
     assert marked[KEY].null_interval and not marked[KEY].descriptive
@@ -154,7 +154,7 @@ def test_marks_only_makes_a_reblessed_golden_descriptive_where_its_kept_toleranc
     assert values[near].descriptive == (-1.0, 1.0) and values[far].descriptive is None
     assert values[listed].descriptive_why == "an earlier calibration"   # kept, though 0.049 < 0.2 now
     commit_all(git_root)
-    assert remark_null_intervals(load_registry(git_root), "demo") == []   # idempotent
+    assert remark_from_expected(load_registry(git_root), "demo") == []   # idempotent
 
     write_fixture(git_root / "results", "R-D18", {
         near: {"value": 0.04, "statistic": "s", "artifact": "a"}, far: {"value": 26, "statistic": "s", "artifact": "a"},

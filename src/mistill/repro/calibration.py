@@ -166,6 +166,11 @@ class CalibratedValue:
     null_interval: bool = False    # an interval that contains zero: checked for still containing it
 
 
+def reaches_zero(tolerance: float, golden: list[float]) -> bool:
+    """Whether some element of `golden` lies within `tolerance` of zero: what it says can change sign."""
+    return any(tolerance >= abs(g) for g in golden)
+
+
 def calibrate(spreads: list[Spread], multiple: float, kinds: dict[tuple[str, str], str],
               floors: dict[tuple[str, str], float] | None = None,
               stats: dict[tuple[str, str], str] | None = None) -> list[CalibratedValue]:
@@ -186,7 +191,7 @@ def calibrate(spreads: list[Spread], multiple: float, kinds: dict[tuple[str, str
             null = all(says_null(s.key, v) for v in s.replicates.values())
             descriptive = not null
         else:
-            null, descriptive = False, any(max(measured, floor) >= abs(g) for g in golden)
+            null, descriptive = False, reaches_zero(max(measured, floor), golden)
             if tol is None and not descriptive:
                 continue
         seen = golden + [x for v in s.replicates.values() for x in (flatten(v) or [])]
@@ -295,7 +300,7 @@ def write_expected(registry: Registry, profile: str, data_path: Path, data: dict
     registry.expected(profile)
 
 
-def remark_null_intervals(registry: Registry, profile: str) -> list[CalibratedValue]:
+def remark_from_expected(registry: Registry, profile: str) -> list[CalibratedValue]:
     """The marks of the values the last calibration set, derived again from the expected values alone
     (`calibrate apply --marks-only`, after a re-bless moved goldens under the tolerances it kept).
 
@@ -318,7 +323,7 @@ def remark_null_intervals(registry: Registry, profile: str) -> list[CalibratedVa
             else:
                 exp = expected[rid][key]
                 golden = flatten(exp.value) or []
-                if not any(exp.tolerance.allowed(g) >= abs(g) for g in golden):
+                if not any(reaches_zero(exp.tolerance.allowed(g), [g]) for g in golden):
                     continue
                 c = CalibratedValue(rid, key, None, True, kind_range(exp.kind, golden, exp.stat))
             mark(entry, c)
@@ -381,7 +386,7 @@ def cmd_apply(args) -> int:
     config = CalibrationConfig.from_params(params)
     registry = load_registry()
     if args.marks_only:
-        calibrated = remark_null_intervals(registry, params["profile"])
+        calibrated = remark_from_expected(registry, params["profile"])
         for c in calibrated:
             print(f"{c.result_id}.{c.key}: " + ("null interval (checked for containing 0)" if c.null_interval
                                                else f"descriptive in {c.range} (its tolerance reaches zero)"))
