@@ -196,3 +196,64 @@ def test_the_paper_profile_has_no_replicates_to_run():
         load_params(REPO / "params.yaml")).stages
     with pytest.raises(UserError, match="no replicates"):
         run_replicates(REPO, paper)
+
+
+def _counting_repo(root: Path) -> tuple[Path, CalibrationConfig]:
+    """A miniature DVC project whose one stage counts the lines of an input and writes it as a result."""
+    repo = root / "repo"
+    (repo / "artifacts" / "data").mkdir(parents=True)
+    (repo / "artifacts" / "data" / "notes.jsonl").write_text('{"id": 1}\n')
+    (repo / "models" / "demo").mkdir(parents=True)
+    count = ("mkdir -p results && python -c \"import json; json.dump({'lines': len(open('artifacts/data/notes.jsonl')"
+             ".readlines())}, open('results/R-X.json', 'w'))\"")
+    (repo / "dvc.yaml").write_text(yaml.safe_dump({"stages": {"R-X": {
+        "cmd": count, "deps": ["artifacts/data/notes.jsonl"], "outs": ["results/R-X.json"]}}}))
+    (repo / "params.yaml").write_text("demo: &demo {name: demo, models: {dir: models/demo, threads: 2}, "
+                                      "distill: {seeds: [0]}}\nprofile: *demo\n")
+    config = CalibrationConfig(scratch=Path("scratch"), out=Path("out"), inputs=("artifacts/data",), stages=("R-X",),
+                               results=("R-X",), multiple=4.0, replicates=(Replicate("one", threads=1),))
+    return repo, config
+
+
+def test_a_finished_replicate_is_reused_only_while_its_stages_are_up_to_date(tmp_path):
+    """The replicate numbers of one chain are never reused for another: after an input changes (a re-bless writes
+    new files), the next run reruns the stage that reads it instead of finding the replicate done."""
+    import json
+    import subprocess
+
+    from mistill.repro.replicates import run_replicates
+
+    repo, config = _counting_repo(tmp_path)
+    subprocess.run(["dvc", "init", "--no-scm", "-q"], cwd=repo, check=True)
+    logged: list[str] = []
+    run_replicates(repo, config, log=logged.append)
+    result = repo / "out" / "one" / "R-X.json"
+    assert json.loads(result.read_text()) == {"lines": 1}
+
+    logged.clear()
+    run_replicates(repo, config, log=logged.append)
+    assert logged == ["one: done earlier, every stage up to date (1 thread(s))"]
+
+    notes = repo / "artifacts" / "data" / "notes.jsonl"
+    notes.unlink()                                       # a new file, as a re-run stage writes it
+    notes.write_text('{"id": 1}\n{"id": 2}\n{"id": 3}\n')
+    logged.clear()
+    run_replicates(repo, config, log=logged.append)
+    assert logged[0] == "one: 1 thread(s)" and json.loads(result.read_text()) == {"lines": 3}
+
+
+def test_a_refreshed_workspace_keeps_its_dvc_state_and_a_half_built_one_starts_over(tmp_path):
+    repo, config = _counting_repo(tmp_path)
+    data = load_all(repo / "params.yaml")
+    ws = Workspace(repo / "scratch" / "one", config.replicates[0])
+    ws.build(repo, data, config)
+    targets = stage_addresses(ws.root, config.stages)
+    assert not ws.up_to_date(targets)
+    ws.run_stages(targets, log=lambda line: None)
+    ws.build(repo, data, config)                         # a second run lays it out again over the same state
+    assert ws.up_to_date(targets)
+
+    (ws.root / ".dvc").rename(ws.root / "dvc-gone")      # killed before `dvc init`: nothing of it is kept
+    ws.build(repo, data, config)
+    assert not (ws.root / "dvc-gone").exists() and not (ws.root / "results").exists()
+    assert not ws.up_to_date(targets)

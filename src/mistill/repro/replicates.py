@@ -30,15 +30,19 @@ directory is a copy (perturbed or not), and whose `params.yaml` is this one with
 replicate's overrides. The very stage definitions of the pipeline files run there, one
 `dvc repro --single-item <stage>` after another, so a replicate executes the commands the
 pipeline executes. None of those stages writes an input (`check_inputs_not_written`), so the
-hard links never let a replicate touch this checkout. A replicate whose numbers files are all
-in place is done and skipped on the next run (a killed calibration resumes there, and DVC
-resumes a half-finished replicate stage by stage).
+hard links never let a replicate touch this checkout.
+
+Every run lays each workspace out again from this checkout (code, pipeline files, params, fresh
+links to the inputs) and keeps the workspace's own DVC state, so DVC decides what is still valid:
+a killed calibration resumes stage by stage, and a replicate whose numbers were written
+(`replicate.json`) is skipped only while `dvc status` finds all its stages up to date. After a
+re-bless from new inputs, or a change of the code a stage depends on, the stages that read them
+run again instead of the old numbers being reused.
 """
 
 from __future__ import annotations
 
 import copy
-import json
 import os
 import shutil
 import subprocess
@@ -212,24 +216,25 @@ class Workspace:
     rep: Replicate
 
     def build(self, repo: Path, data: dict[str, Any], config: CalibrationConfig) -> None:
-        """Lay out the workspace once; a second call finds it built and leaves it (DVC resumes)."""
-        marker = self.root / ".built"
-        if marker.exists():
-            return
-        if self.root.exists():
+        """Lay the workspace out from this checkout: create it, or refresh every copied file and input link of
+        an existing one while keeping its DVC state (`.dvc`, lock files, stage outputs), so that `dvc repro`
+        there reruns exactly the stages whose code, inputs or params changed since."""
+        if self.root.exists() and not (self.root / ".dvc").is_dir():
             shutil.rmtree(self.root)              # a half-built workspace from a killed run
-        self.root.mkdir(parents=True)
+        self.root.mkdir(parents=True, exist_ok=True)
         for name in [*pipeline_files(repo), *PROJECT_FILES]:
             if (repo / name).exists():
                 (self.root / name).parent.mkdir(parents=True, exist_ok=True)
                 shutil.copy2(repo / name, self.root / name)
         for tree in PROJECT_TREES:
+            _replace(self.root / tree)
             if (repo / tree).exists():
                 shutil.copytree(repo / tree, self.root / tree,
                                 ignore=shutil.ignore_patterns("__pycache__", "*.egg-info"))
         for inp in config.inputs:
             if not (repo / inp).exists():
                 raise UserError(f"calibration input {inp} is missing: run `dvc repro` first")
+            _replace(self.root / inp)             # a re-blessed input is a new file: link that one
             _link_tree(repo / inp, self.root / inp)
         params = replicate_params(data, self.rep)
         models_dir = Path(params["profile"]["models"]["dir"])
@@ -237,16 +242,21 @@ class Workspace:
             raise UserError(f"calibration: models directory {models_dir} is missing")
         for model in sorted(p for p in (repo / models_dir).iterdir() if p.is_dir()):
             target = self.root / models_dir / model.name
+            _replace(target)
             if self.rep.weight_jitter and model.name.startswith("student"):
-                jitter_weights(model, target, self.rep.weight_jitter, self.rep.jitter_seed)
+                jitter_weights(model, target, self.rep.weight_jitter, self.rep.jitter_seed)   # same seed, same bytes
             else:
                 _link_tree(model, target)
         with (self.root / "params.yaml").open("w", encoding="utf-8") as fh:
             fh.write(f"# replicate {self.rep.name}: {self.rep.describe()}\n")
             yaml.safe_dump(params, fh, sort_keys=False, width=120)
-        _dvc(["init", "--no-scm", "-q"], self.root)
-        _dvc(["config", "core.analytics", "false"], self.root)
-        marker.write_text(json.dumps(asdict(self.rep)) + "\n", encoding="utf-8")
+        if not (self.root / ".dvc").is_dir():
+            _dvc(["init", "--no-scm", "-q"], self.root)
+            _dvc(["config", "core.analytics", "false"], self.root)
+
+    def up_to_date(self, stages: dict[str, str]) -> bool:
+        """Whether DVC finds every stage's outputs current with its code, inputs and params here."""
+        return _dvc(["status", "--quiet", *stages.values()], self.root, check=False) == 0
 
     def run_stages(self, stages: dict[str, str], log) -> list[dict[str, Any]]:
         """Run each stage (name -> its DVC target) alone, in order; return their wall times."""
@@ -260,9 +270,9 @@ class Workspace:
         return times
 
 
-def _dvc(args: list[str], cwd: Path, extra_env: dict[str, str] | None = None) -> None:
+def _dvc(args: list[str], cwd: Path, extra_env: dict[str, str] | None = None, *, check: bool = True) -> int:
     """Run `dvc` in a workspace (stage commands inherit `extra_env`); its output goes to the
-    workspace's log, a failure names it."""
+    workspace's log, a failure names it (or, with `check=False`, its exit status is returned)."""
     path = f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"   # this environment's tools
     dvc = shutil.which("dvc", path=path)
     if dvc is None:
@@ -275,9 +285,18 @@ def _dvc(args: list[str], cwd: Path, extra_env: dict[str, str] | None = None) ->
         log.write(f"$ dvc {' '.join(args)}\n")
         log.flush()
         done = subprocess.run([dvc, *args], cwd=cwd, stdout=log, stderr=subprocess.STDOUT, env=env)
-    if done.returncode != 0:
+    if check and done.returncode != 0:
         raise UserError(f"calibration: `dvc {' '.join(args)}` failed in {cwd} (exit {done.returncode}); "
                         f"see {log_path}")
+    return done.returncode
+
+
+def _replace(path: Path) -> None:
+    """Remove what a refresh lays out again (a tree, a link or nothing)."""
+    if path.is_dir() and not path.is_symlink():
+        shutil.rmtree(path)
+    elif path.exists() or path.is_symlink():
+        path.unlink()
 
 
 def stage_outs(repo: Path, stages: tuple[str, ...]) -> dict[str, list[str]]:
@@ -344,13 +363,14 @@ def run_replicates(repo: Path, config: CalibrationConfig, *, log=print) -> list[
     done_dirs = []
     for rep in config.replicates + config.held_out:
         out_dir = repo / config.out / rep.name
-        if (out_dir / DONE_FILE).exists():
-            log(f"{rep.name}: done earlier ({rep.describe()})")
-            done_dirs.append(out_dir)
-            continue
-        log(f"{rep.name}: {rep.describe()}")
         workspace = Workspace(repo / config.scratch / rep.name, rep)
         workspace.build(repo, data, config)
+        if (out_dir / DONE_FILE).exists() and workspace.up_to_date(targets):
+            log(f"{rep.name}: done earlier, every stage up to date ({rep.describe()})")
+            done_dirs.append(out_dir)
+            continue
+        (out_dir / DONE_FILE).unlink(missing_ok=True)      # its numbers are stale until the rerun ends
+        log(f"{rep.name}: {rep.describe()}")
         start = time.perf_counter()
         times = workspace.run_stages(targets, log)
         out_dir.mkdir(parents=True, exist_ok=True)
