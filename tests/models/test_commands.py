@@ -208,3 +208,12 @@ def test_student_pretraining_notes_are_their_own_and_seeded(tmp_path):
     params["world"]["notes"]["source"] = "mimiciv"
     with pytest.raises(Exception, match="synthetic"):
         pretraining_notes(params, world)
+
+
+def test_student_pretraining_near_misses_must_be_a_boolean(world, capsys):
+    """A string such as "no" would read as true: the switch is refused before any training starts."""
+    params = yaml.safe_load((world / "params.yaml").read_text())
+    params["demo"]["models"]["student_pretraining"] = {"epochs": {"student_qwen": 1}, "near_misses": "no"}
+    (world / "params.yaml").write_text(yaml.safe_dump(params))
+    assert main(["models", "pretrain-students", "--students", "student_qwen"]) == 2
+    assert "near_misses must be true or false" in capsys.readouterr().err

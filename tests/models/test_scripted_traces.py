@@ -63,3 +63,16 @@ def test_deterministic_by_note_and_seed():
 def test_no_supported_code():
     trace = script_trace(Note("n2", "p2", "well patient", ("Z99.9",)), CANDIDATES)
     assert trace.answer == () and trace.completion.endswith("</think>\n\n[]")
+
+
+def test_traces_without_near_misses_name_no_sibling_and_keep_every_other_line():
+    """The students' pretraining without the teacher's contrastive step: no rejected sibling, so no
+    code is first written after a sibling (no P2C candidate); every other line is the full trace's."""
+    full = script_trace(NOTE, CANDIDATES)
+    plain = script_trace(NOTE, CANDIDATES, near_misses=False)
+    assert "rejected" not in plain.completion and "N18.4" not in plain.completion
+    assert plain.answer == full.answer
+    assert [d.near_miss for d in plain.decisions] == [None, None]
+    assert plain.completion.splitlines() == [line for line in full.completion.splitlines()
+                                             if not line.endswith("rejected.")]
+    assert mention_counts(plain.completion, [c.code for c in CANDIDATES]).first_after_sibling == 0

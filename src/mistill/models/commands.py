@@ -306,6 +306,9 @@ def cmd_pretrain_students(args) -> int:
     unknown = [k for k in keys if k not in (cfg.get("epochs") or {})]
     if unknown:
         raise UserError(f"student_pretraining.epochs has no entry for {', '.join(unknown)}")
+    near_misses = cfg.get("near_misses", True)
+    if not isinstance(near_misses, bool):
+        raise UserError(f"student_pretraining.near_misses must be true or false, got {near_misses!r}")
     set_threads(section)
     world = load_world(params)
     notes = pretraining_notes(params, world)
@@ -314,7 +317,7 @@ def cmd_pretrain_students(args) -> int:
         arch, tokenizer, model = _init_student(params, key, cfg.get("attn_implementation", "sdpa"))
         examples = build_examples(tokenizer, world, notes, seed=int(cfg["seed"]),
                                   shortlist_share=float(cfg["shortlist_share"]),
-                                  shortlist_size=int(cfg["shortlist_size"]))
+                                  shortlist_size=int(cfg["shortlist_size"]), near_misses=near_misses)
         epochs = int(args.epochs if args.epochs is not None else cfg["epochs"][key])
         run_cfg = {**cfg, "epochs": epochs, "max_steps": args.max_steps}
         start = time.time()

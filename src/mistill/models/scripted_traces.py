@@ -66,8 +66,12 @@ def _seed(note_id: str, seed: int) -> int:
     return int.from_bytes(hashlib.sha256(f"{seed}:{note_id}".encode()).digest()[:8], "big")
 
 
-def script_trace(note: Note, candidates: Sequence[Code], *, seed: int = 0) -> ScriptedTrace:
-    """The scripted completion of `note` over the candidate lines (full inventory or shortlist)."""
+def script_trace(note: Note, candidates: Sequence[Code], *, seed: int = 0, near_misses: bool = True) -> ScriptedTrace:
+    """The scripted completion of `note` over the candidate lines (full inventory or shortlist).
+
+    With `near_misses=False` no sibling is named or rejected: each finding's line is followed by
+    its accepted code alone, so the trace holds no contrastive (P2C) decision. The same draws are
+    made, so the accepted codes and their order do not change."""
     rng = random.Random(_seed(note.note_id, seed))
     by_code = {c.code: c for c in candidates}
     gold = [c for c in dict.fromkeys(note.gold_codes) if c in by_code]
@@ -83,12 +87,14 @@ def script_trace(note: Note, candidates: Sequence[Code], *, seed: int = 0) -> Sc
         near_miss = None
         if ruled_out:
             near_miss = min(ruled_out, key=lambda c: _first_position(text, by_code[c].description))
-            lines.append(f"{near_miss} {by_code[near_miss].description} is ruled out in the summary, rejected.")
+            rejection = f"{near_miss} {by_code[near_miss].description} is ruled out in the summary, rejected."
         elif siblings:
             near_miss = rng.choice(sorted(siblings))
-            lines.append(f"{near_miss} {by_code[near_miss].description} is not documented, rejected.")
+            rejection = f"{near_miss} {by_code[near_miss].description} is not documented, rejected."
+        if near_miss is not None and near_misses:
+            lines.append(rejection)
         lines.append(f"{code} {by_code[code].description} is documented, accepted.")
-        decisions.append(TraceDecision(code, near_miss))
+        decisions.append(TraceDecision(code, near_miss if near_misses else None))
     if not gold:
         lines.append("no listed code is supported by the summary.")
     completion = "\n".join(lines) + f"\n{THINK_CLOSE}\n\n" + json.dumps(gold)

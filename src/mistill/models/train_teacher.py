@@ -58,29 +58,31 @@ def make_example(tokenizer: Any, note_id: str, kind: str, prompt: str, completio
 
 
 def build_examples(tokenizer: Any, world: DemoWorld, notes: list[Note], *, seed: int,
-                   shortlist_share: float, shortlist_size: int) -> list[TeacherExample]:
+                   shortlist_share: float, shortlist_size: int, near_misses: bool = True) -> list[TeacherExample]:
     """One full-inventory example per note, plus a shortlist example for a seeded `shortlist_share`
-    of the notes over a `sampled_shortlist`.
+    of the notes over a `sampled_shortlist`; `near_misses=False` scripts traces that never name a
+    rejected sibling (`script_trace`).
 
     The teacher never sees RT-003's shortlists: in the paper it is an off-the-shelf model, so its
     training must not depend on the retriever (and the demo teacher stage does not depend on it)."""
     rng = random.Random(seed)
     examples = []
     for note in notes:
-        examples.append(_example(tokenizer, note, FULL, world.candidates(note, FULL), seed))
+        examples.append(_example(tokenizer, note, FULL, world.candidates(note, FULL), seed, near_misses))
         if rng.random() >= shortlist_share:
             continue
         candidates = sampled_shortlist(note, world.inventory, shortlist_size, rng)
-        examples.append(_example(tokenizer, note, SHORTLIST, candidates, seed))
+        examples.append(_example(tokenizer, note, SHORTLIST, candidates, seed, near_misses))
     return examples
 
 
-def _example(tokenizer: Any, note: Note, kind: str, candidates: list, seed: int) -> TeacherExample:
+def _example(tokenizer: Any, note: Note, kind: str, candidates: list, seed: int,
+             near_misses: bool = True) -> TeacherExample:
     from mistill.models.scripted_traces import script_trace
     from mistill.world.inventory import format_line
     from mistill.world.prompt import build_prompt
 
-    trace = script_trace(note, candidates, seed=seed)
+    trace = script_trace(note, candidates, seed=seed, near_misses=near_misses)
     prompt = build_prompt(note, [format_line(c) for c in candidates])
     return make_example(tokenizer, note.note_id, kind, prompt, trace.completion)
 
