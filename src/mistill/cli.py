@@ -15,6 +15,7 @@ import sys
 from mistill import warm
 from mistill.errors import UserError
 from mistill.repro.stage_times import recorded
+from mistill.repro.stale_outputs import guard_stage
 
 GROUPS = {
     "world": "corpora, inventory, prompts, shortlists",
@@ -58,6 +59,7 @@ def main(argv: list[str] | None = None) -> int:
     group = argv[0] if argv and argv[0] in GROUPS else None
     args = build_parser(group).parse_args(argv)
     try:
+        guard_stage()   # under `dvc repro`: no persisted output outlives the code that made it
         sharded = getattr(args, "sharded", None)
         if sharded:   # a per-note pass: as many processes as params ask for
             from mistill.params import load_params
