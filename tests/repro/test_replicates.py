@@ -1,6 +1,7 @@
 """Replicates of the distillation chain: their params, their perturbed students, their workspaces."""
 
 import dataclasses
+import sys
 from pathlib import Path
 
 import pytest
@@ -224,7 +225,7 @@ def test_a_finished_replicate_is_reused_only_while_its_stages_are_up_to_date(tmp
     from mistill.repro.replicates import run_replicates
 
     repo, config = _counting_repo(tmp_path)
-    subprocess.run(["dvc", "init", "--no-scm", "-q"], cwd=repo, check=True)
+    subprocess.run([sys.executable, "-m", "dvc", "init", "--no-scm", "-q"], cwd=repo, check=True)
     logged: list[str] = []
     run_replicates(repo, config, log=logged.append)
     result = repo / "out" / "one" / "R-X.json"
