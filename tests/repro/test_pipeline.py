@@ -91,7 +91,7 @@ def _param(params: dict, dotted: str):
 
 def _lock_drift(lock: dict, tracked: set[str], params: dict) -> list[str]:
     """What a lock records that today's tracked files and params no longer say: each would make DVC
-    rerun the stage in a clean clone. Files are compared by md5 (directories, whose `.dir` hash needs
+    rerun the stage in a checkout that holds the artifacts. Files are compared by md5 (directories, whose `.dir` hash needs
     their contents, and untracked artifacts are left to `dvc status`)."""
     import hashlib
 
@@ -110,7 +110,7 @@ def _lock_drift(lock: dict, tracked: set[str], params: dict) -> list[str]:
 
 
 def test_the_committed_locks_record_today_s_code_and_params():
-    """A clean clone's `dvc repro` reruns nothing: an edit of a stage's code or of a params section it
+    """A checkout holding the artifacts reruns nothing: an edit of a stage's code or of a params section it
     reads must come with its lock entry, recomputed (or, where the outputs cannot change, `dvc commit`).
     The calibration's lock is not held to this: `calibrate apply` rewrites an input of its stage,
     results/expected/demo.yaml, right after each run."""
@@ -120,4 +120,4 @@ def test_the_committed_locks_record_today_s_code_and_params():
     for lock_path in lock_files(REPO):
         lock = yaml.load((REPO / lock_path).read_text(), Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))
         drift += _lock_drift(lock, tracked, params)
-    assert drift == [], f"{len(drift)} stages would rerun in a clean clone, e.g. {drift[:5]}"
+    assert drift == [], f"{len(drift)} stages would rerun beside their committed artifacts, e.g. {drift[:5]}"
