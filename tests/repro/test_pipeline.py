@@ -91,16 +91,17 @@ def _param(params: dict, dotted: str):
 
 def _lock_drift(lock: dict, tracked: set[str], params: dict) -> list[str]:
     """What a lock records that today's tracked files and params no longer say: each would make DVC
-    rerun the stage in a checkout that holds the artifacts. Files are compared by md5 (directories, whose `.dir` hash needs
-    their contents, and untracked artifacts are left to `dvc status`)."""
-    import hashlib
+    rerun the stage in a checkout that holds the artifacts. Files are compared by md5 as DVC hashes
+    them (directories, whose `.dir` hash needs their contents, and untracked artifacts are left to
+    `dvc status`)."""
+    from mistill.repro.stale_outputs import current_code
 
     drift = []
     for name, entry in lock["stages"].items():
         for dep in entry.get("deps", []):
             path, md5 = dep["path"], dep.get("md5", "")
             if path in tracked and not md5.endswith(".dir"):
-                if hashlib.md5((REPO / path).read_bytes()).hexdigest() != md5:
+                if current_code([path], REPO)[path] != md5:
                     drift.append(f"{name}: {path}")
         for file_params in entry.get("params", {}).values():
             for key, value in file_params.items():
@@ -110,14 +111,16 @@ def _lock_drift(lock: dict, tracked: set[str], params: dict) -> list[str]:
 
 
 def test_the_committed_locks_record_today_s_code_and_params():
-    """A checkout holding the artifacts reruns nothing: an edit of a stage's code or of a params section it
-    reads must come with its lock entry, recomputed (or, where the outputs cannot change, `dvc commit`).
+    """A checkout holding the artifacts reruns nothing: an edit of a stage's code or of a params section
+    it reads must come with its lock entry, recomputed (or, where the outputs cannot change, `dvc commit`).
     The calibration's lock is not held to this: `calibrate apply` rewrites an input of its stage,
     results/expected/demo.yaml, right after each run."""
     tracked = _tracked_files()
-    params = yaml.load((REPO / "params.yaml").read_text(), Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))
+    from mistill.params import FAST_SAFE_LOADER
+
+    params = yaml.load((REPO / "params.yaml").read_text(), Loader=FAST_SAFE_LOADER)
     drift = []
     for lock_path in lock_files(REPO):
-        lock = yaml.load((REPO / lock_path).read_text(), Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))
+        lock = yaml.load((REPO / lock_path).read_text(), Loader=FAST_SAFE_LOADER)
         drift += _lock_drift(lock, tracked, params)
     assert drift == [], f"{len(drift)} stages would rerun beside their committed artifacts, e.g. {drift[:5]}"

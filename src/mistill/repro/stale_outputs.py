@@ -32,9 +32,9 @@ from typing import Any
 import yaml
 
 from mistill.io import write_json
+from mistill.repro.pipeline import LOCK_NAME, stage_name
 
 MARKERS = Path(".dvc/tmp/mistill/code")
-LOCK = "dvc.lock"
 
 
 def lock_entry(lock_text: str, name: str) -> dict[str, Any] | None:
@@ -80,8 +80,9 @@ def _read_marker(path: Path) -> dict[str, str] | None:
 
 def _lock_path(root: Path, address: str) -> tuple[Path, str]:
     """`pipelines/distill/dvc.yaml:DT-000@qwen-fp32-0` -> (root/pipelines/distill/dvc.lock, its name)."""
-    dvcfile, _, name = address.rpartition(":")
-    return root / (Path(dvcfile).parent if dvcfile else Path(".")) / LOCK, name
+    name = stage_name(address)
+    dvcfile = address[:-len(name)].rstrip(":")        # empty for the root file's stages
+    return root / (Path(dvcfile).parent if dvcfile else Path(".")) / LOCK_NAME, name
 
 
 def clear_outputs_of_other_code(address: str, root: Path, cwd: Path | None = None) -> list[str]:
