@@ -24,8 +24,8 @@ UP, DOWN = 1, -1
 
 
 def null_end_held(index: int, direction: int) -> bool:
-    """Whether moving end `index` of a null interval in `direction` meets a bound (zero): the low end going up,
-    the high end going down."""
+    """Whether moving end `index` of a null interval in `direction` meets a bound (zero, widened by the end's
+    tolerance): the low end going up, the high end going down."""
     return (index, direction) in ((0, UP), (1, DOWN))
 
 
@@ -35,7 +35,9 @@ def edge(expected: float, exp: Expected, direction: int, *, beyond: bool, index:
     if exp.null_interval_why is not None:
         if not null_end_held(index, direction):        # an end moving away from zero: no bound
             return expected + direction * 1e3 * max(abs(expected), 1.0)
-        return direction * _nudge(0.0, 0.0) if beyond else 0.0
+        # the end may pass zero by its own tolerance (tolerance.contains_zero), no further
+        bound = direction * (tol.allowed(expected) if tol.interval is None else 0.0)
+        return bound + direction * _nudge(bound, 0.0) if beyond else bound
     if exp.descriptive is not None:
         # a descriptive value is held to its kind's range: an infinite bound has no beyond
         bound = exp.descriptive[1] if direction == UP else exp.descriptive[0]

@@ -15,7 +15,7 @@ from mistill.repro.calibration import (
 )
 from mistill.repro.check import FAIL, PASS, run_check
 from mistill.repro.registry import load_registry
-from mistill.repro.tolerance import contains_zero, says_null
+from mistill.repro.tolerance import Tolerance, contains_zero, says_null
 from tests.repro.repro_helpers import commit_all, write_fixture
 
 KEY = "corpus_microf1_mistill_minus_bf16_vanilla_interval"   # R-D18's corpus-level bootstrap interval
@@ -38,6 +38,25 @@ def test_a_null_interval_passes_while_it_contains_zero_whatever_its_ends():
     assert not contains_zero(golden, [0.02, -0.01]).passed      # not an interval
     assert not contains_zero(golden, [float("nan"), 0.1]).passed
     assert not contains_zero(golden, [-0.1]).passed             # another shape
+
+
+def test_a_null_interval_may_leave_zero_by_the_tolerance_of_its_ends_and_no_further():
+    """R-D18's SmolLM3 per-note interval (golden [-0.045, 0.013], calibrated tolerance 0.074): the held-out
+    rerun put it at [-0.054, -0.0007], off zero by 0.0007, far inside the 0.074 its high end moves by."""
+    golden, tol = [-0.045, 0.013], Tolerance(absolute=0.074)
+    assert contains_zero(golden, [-0.054, -0.0007], tol).passed
+    assert contains_zero(golden, [-0.2, -0.074], tol).passed               # at the edge
+    below = contains_zero(golden, [-0.2, -0.08], tol)
+    assert not below.passed and below.max_excess == pytest.approx(0.006)
+    assert "off by 0.08, beyond its ends' tolerance 0.074" in below.detail
+    assert contains_zero(golden, [0.07, 0.3], tol).passed                  # the low end's own slack
+    assert not contains_zero(golden, [0.08, 0.3], tol).passed
+    # a relative tolerance allows each end its own distance: 50% of 0.013 at the high end
+    relative = Tolerance(relative=0.5)
+    assert contains_zero(golden, [-0.1, -0.006], relative).passed
+    assert not contains_zero(golden, [-0.1, -0.007], relative).passed
+    # an interval-form tolerance (the paper's interval around a point) gives an interval no slack
+    assert not contains_zero(golden, [-0.1, -0.0001], Tolerance(interval=(-0.1, 0.1))).passed
 
 
 def test_calibrate_marks_a_moved_interval_that_contains_zero_as_null():
@@ -99,7 +118,8 @@ def test_marks_only_then_check_then_rebless(git_root, monkeypatch):
         return {ln.key: ln.verdict for ln in run_check(load_registry(git_root), "demo", results, ["R-D18"]).lines}
 
     assert verdicts([-0.109, 0.017])[KEY] == PASS                 # the second machine's: ends moved, still null
-    assert verdicts([-0.109, -0.004])[KEY] == FAIL                # a difference shown where the golden shows none
+    assert verdicts([-0.109, -0.004])[KEY] == PASS                # off zero by less than its ends' 0.049
+    assert verdicts([-0.2, -0.06])[KEY] == FAIL                   # a difference shown where the golden shows none
     assert verdicts([-0.109, 0.017], gain=(-0.37, 0.02))[GAIN] == FAIL   # the finding's end beyond its tolerance
     table = findings_table(load_registry(git_root), "demo", ("R-D18",))
     assert "a null finding (checked: the interval still contains zero)" in table

@@ -60,9 +60,11 @@ def test_a_null_interval_the_other_machine_moved_off_zero_becomes_descriptive():
     calibrated = Tolerance(absolute=0.26, cls="T", basis="calibrated: 4 x test")
     null = Expected("R-D25", "d_interval", [-0.006, 0.282], "95% interval", "share", "T", calibrated,
                     null_interval_why="contains zero")
-    off = contradicted_null(null, [0.009, 0.306])                      # the Xeon run of R-D25
+    off = contradicted_null(null, [0.27, 0.55])                        # off zero by more than lo's 0.26
     assert off.outcome == DESCRIPTIVE and off.off_zero and off.range == [-1.0, 1.0]
-    assert off.move == pytest.approx(0.024)
+    assert off.move == pytest.approx(0.276)
+    # the Xeon run of R-D25, off zero by 0.009: well inside the machine noise of its low end, still null
+    assert contradicted_null(null, [0.009, 0.306]) is None
     assert contradicted_null(null, [-0.02, 0.31]) is None              # still contains zero: stays null
     assert contradicted_null(expected("d_interval", [-0.1, 0.2]), [0.01, 0.3]) is None   # never marked null
     assert contradicted_null(null, [0.1]) is None                      # not comparable

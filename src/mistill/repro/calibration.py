@@ -29,7 +29,9 @@ the tolerance it had. An invariant (basis "invariant ...") keeps its own.
 A moved 95% interval of a difference (a key ending in `_interval`) whose golden contains zero says
 "no difference shown", and that is what it is checked for: it becomes a *null interval*, whose check
 asks that the interval still contains zero, whatever its ends (its ends move with the point estimate
-from machine to machine; whether it covers zero is the finding). An interval that excludes zero
+from machine to machine; whether it covers zero is the finding), up to the calibrated tolerance of
+its ends: an interval that leaves zero by less than the machine noise its ends carry does not
+contradict "no difference shown" (`tolerance.contains_zero`). An interval that excludes zero
 keeps the rule above: a finding while its tolerance keeps it off zero, descriptive otherwise.
 `calibrate apply --marks-only` re-derives these marks from the expected values alone.
 

@@ -3,7 +3,8 @@
 One line per value: id, key, expected, got, tolerance, class, verdict.
 
 Verdicts: PASS (within tolerance; for a value the calibration marked descriptive, produced, of the
-golden's shape and within its kind's range; for a null interval, an interval that contains zero), FAIL (breach), NOT REPRODUCED (no number
+golden's shape and within its kind's range; for a null interval, an interval that contains zero up to the
+tolerance of its ends), FAIL (breach), NOT REPRODUCED (no number
 produced), NO EXPECTED (a number the profile records no expected value for),
 ERROR (malformed file, unknown key, wrong profile).  A result never produced is
 one NOT REPRODUCED line, never a pass.
@@ -135,7 +136,7 @@ def run_check(registry: Registry, profile: str, results_dir: str | Path,
             got = numbers.values[key]["value"]
             if exp.null_interval_why is not None:
                 tol_text = exp.held_to()
-                outcome = contains_zero(exp.value, got)
+                outcome = contains_zero(exp.value, got, exp.tolerance)
             elif exp.descriptive is not None:
                 tol_text = exp.held_to()
                 outcome = within_range(exp.value, got, exp.descriptive, any_length=exp.descriptive_any_length)

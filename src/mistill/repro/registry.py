@@ -80,13 +80,14 @@ class Expected:
     # a descriptive list whose length the run decides (a validation walk that stops where its rule says)
     descriptive_any_length: bool = False
     # a 95% interval of a difference whose golden contains zero (calibration.py): checked for what it
-    # says, that it still contains zero (a null finding), never for its end points
+    # says, that it still contains zero (a null finding) up to the tolerance of its ends, never for the
+    # ends themselves (tolerance.contains_zero)
     null_interval_why: str | None = None
 
     def held_to(self) -> str:
         """What the check holds this value to, in words ("±0.02", "descriptive in [-1, 1]")."""
         if self.null_interval_why is not None:
-            return f"null interval: contains 0 (tolerance {self.tolerance.describe()})"
+            return f"null interval: contains 0 up to its tolerance {self.tolerance.describe()}"
         if self.descriptive is None:
             return self.tolerance.describe()
         lo, hi = (f"{b:g}" for b in self.descriptive)

@@ -23,8 +23,8 @@ and no mark yet, with ``move = max over elements |other_e - golden_e|``:
 * a list the other machine produced with another length (the cells a validation walk visited before
   its rule stopped it): descriptive with ``length: any``, its elements checked for range.
 
-A null interval, from the replicates or from an earlier run, that the other machine's interval no
-longer contains zero is descriptive too: whether the demo shows the difference is not settled.
+A null interval, from the replicates or from an earlier run, that the other machine's interval leaves
+by more than the tolerance of its ends (the check's rule) is descriptive too: whether the demo shows the difference is not settled.
 
 A value the other machine did not produce is left as it is; a numbers file of another profile is an
 error. `mistill repro calibrate machine <dir>` applies the rule and records the run in the expected
@@ -53,7 +53,7 @@ from mistill.repro.calibration import (
 )
 from mistill.repro.numbers import read_numbers
 from mistill.repro.registry import Expected, Registry
-from mistill.repro.tolerance import flat_numbers, flatten, says_null, shape
+from mistill.repro.tolerance import contains_zero, flat_numbers, flatten, says_null, shape
 
 MACHINE_FILE = "machine.yaml"
 KEPT, NULL, DESCRIPTIVE = "kept", "null interval", "descriptive"
@@ -134,10 +134,11 @@ def judge(exp: Expected, other: Any, multiple: float) -> MachineMove | None:
 
 
 def contradicted_null(exp: Expected, other: Any) -> MachineMove | None:
-    """A null interval whose interval on the other machine excludes zero: descriptive from now on."""
+    """A null interval whose interval on the other machine leaves zero by more than the tolerance of its
+    ends (the check's rule, `tolerance.contains_zero`): descriptive from now on."""
     if exp.null_interval_why is None or not flat_numbers(other) or shape(other) != shape(exp.value):
         return None
-    if says_null(exp.key, other):
+    if contains_zero(exp.value, other, exp.tolerance).passed:
         return None
     golden, got = flatten(exp.value), flatten(other)
     move = max(abs(g - o) for g, o in zip(golden, got))

@@ -187,8 +187,16 @@ def says_null(key: str, value: Any) -> bool:
             and all(is_number(v) for v in value) and value[0] <= 0 <= value[1])
 
 
-def contains_zero(expected: Any, got: Any) -> Comparison:
-    """A null interval: `got` is a finite [lo, hi] with lo <= hi that still contains zero, whatever its ends."""
+def contains_zero(expected: Any, got: Any, tol: Tolerance | None = None) -> Comparison:
+    """A null interval: `got` is a finite [lo, hi] with lo <= hi that still contains zero, whatever its ends,
+    up to the noise its ends carry.
+
+    The ends move with the point estimate on another machine by as much as the value's tolerance allows
+    (for a calibrated value, the stated multiple of the replicates' spread), so "no difference shown" is
+    contradicted only when the interval leaves zero by more than that:
+    ``lo - t(lo_golden) <= 0 <= hi + t(hi_golden)``, with t the tolerance's allowed distance
+    (`Tolerance.allowed`; none for an interval-form tolerance or none given).
+    """
     exp_flat, got_flat, mismatch = _paired(expected, got)
     if mismatch is not None:
         return mismatch
@@ -196,10 +204,16 @@ def contains_zero(expected: Any, got: Any) -> Comparison:
     if len(got_flat) != 2 or not all(math.isfinite(g) for g in got_flat) or got_flat[0] > got_flat[1]:
         return Comparison(False, math.inf, max_diff, f"not a finite interval [lo, hi]: {got!r}")
     lo, hi = got_flat
-    if not lo <= 0 <= hi:
-        return Comparison(False, math.inf, max_diff,
-                          f"[{_fmt(lo)}, {_fmt(hi)}] no longer contains 0: the null finding does not hold")
-    return Comparison(True, -math.inf, max_diff, "")
+    slack_lo, slack_hi = ((tol.allowed(exp_flat[0]), tol.allowed(exp_flat[1]))
+                          if tol is not None and tol.interval is None else (0.0, 0.0))
+    gap = max(lo, -hi, 0.0)                      # how far the interval lies from zero
+    slack = slack_lo if lo > 0 else slack_hi
+    if gap > slack:
+        within = f", beyond its ends' tolerance {_fmt(slack)}" if slack else ""
+        return Comparison(False, gap - slack, max_diff,
+                          f"[{_fmt(lo)}, {_fmt(hi)}] no longer contains 0 (off by {_fmt(gap)}{within}): "
+                          "the null finding does not hold")
+    return Comparison(True, gap - slack if gap else -math.inf, max_diff, "")
 
 
 def printed_half_unit(value: Any) -> float:
