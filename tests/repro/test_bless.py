@@ -108,6 +108,28 @@ def test_rebless_keeps_an_invariants_expected_value(git_root, monkeypatch):
     assert golden["p1_event_count"].value == 42
 
 
+def test_rebless_keeps_a_tolerance_of_its_own_with_the_class_it_cites(git_root, monkeypatch):
+    """R-D20's shares: the paper holds them exact (class none) given stored patches, the demo recomputes the
+    patches and holds them to K. A re-bless moves the value and keeps the tolerance and its class."""
+    monkeypatch.chdir(git_root)
+    results = git_root / "results"
+    write_fixture(results, "R-C1", demo_values(median_p1_margin=3.2, p1_event_count=41), profile="demo")
+    main(["repro", "bless", "R-C1", "--profile", "demo", "--results", str(results)])
+    path = results / "expected" / "demo.yaml"
+    data = yaml.load(path.read_text(), Loader=LOADER)
+    cited = data["expected"]["R-C1"]["p1_event_count"]["class"]
+    data["expected"]["R-C1"]["p1_event_count"].update(
+        {"class": "T", "tolerance": {"absolute": 3, "basis": "T: recomputed"}})
+    path.write_text(yaml.safe_dump(data, sort_keys=False))
+    write_fixture(results, "R-C1", demo_values(median_p1_margin=3.2, p1_event_count=50), profile="demo")
+    assert main(["repro", "bless", "R-C1", "--profile", "demo", "--results", str(results),
+                 "--accept-breach", "recount"]) == 0
+    golden = load_registry(git_root).expected("demo").values["R-C1"]
+    assert cited != "T"
+    assert golden["p1_event_count"].value == 50 and golden["p1_event_count"].cls == "T"
+    assert golden["p1_event_count"].tolerance.absolute == 3 and golden["p1_event_count"].tolerance.basis == "T: recomputed"
+
+
 def test_paper_values_cannot_be_blessed(scratch_root, registry, monkeypatch, capsys):
     from tests.repro.repro_helpers import paper_values
 
