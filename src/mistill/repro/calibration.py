@@ -267,6 +267,7 @@ def apply_calibration(registry: Registry, profile: str, spread_path: Path) -> li
         if c.tolerance is not None:
             entry["tolerance"] = {"absolute": c.tolerance, "basis": basis}
         mark(entry, c)
+    adopt_twins(data["expected"])
     widen_ratio_ranges(data["expected"])
     data.setdefault("meta", {})["calibration"] = {
         "spreads": str(spread_path), "spreads_sha256": file_sha256(spread_path), "code_version": code_version(),
@@ -275,6 +276,51 @@ def apply_calibration(registry: Registry, profile: str, spread_path: Path) -> li
     }
     write_expected(registry, profile, data_path, data)
     return calibrated
+
+
+def significant(x: Any) -> bool:
+    """A float of at least 9 significant digits: a number that cannot coincide with another by chance."""
+    return isinstance(x, float) and len(repr(abs(x)).split("e")[0].replace(".", "").strip("0")) >= 9
+
+
+TWIN = " the same number as "
+
+
+def adopt_twins(expected: dict[str, dict[str, Any]]) -> list[tuple[str, str, str, str]]:
+    """Give a value the replicates did not measure the calibration of its twin: a calibrated value whose
+    golden is the same number, bit for bit, read by another result's reader (R-D12's per-seed own-heads
+    medians of the bf16 Vanilla students are R-D6's). One number is then held to one tolerance and its
+    marks, wherever it is reported. Only goldens holding a float of 9 or more significant digits are
+    matched (a round 0, 1 or 0.5 can coincide without being the same number); a value with a tolerance
+    or a mark of its own keeps it. Returns (result, key, twin's result, twin's key) per adopted value.
+    """
+    calibrated: dict[tuple[str, tuple], tuple[str, str]] = {}
+    for rid, keys in expected.items():
+        for key, entry in keys.items():
+            basis = str((entry.get("tolerance") or {}).get("basis", ""))
+            numbers = tuple(flatten(entry["value"]) or ())
+            if basis.startswith(CALIBRATED) and TWIN not in basis and any(map(significant, numbers)):
+                calibrated.setdefault((entry.get("kind", "share"), numbers), (rid, key))
+    adopted = []
+    for rid, keys in expected.items():
+        for key, entry in keys.items():
+            adopted_before = TWIN in str((entry.get("tolerance") or {}).get("basis", ""))
+            if not adopted_before and any(mark in entry for mark in ("tolerance", "descriptive", "null_interval")):
+                continue
+            twin = calibrated.get((entry.get("kind", "share"), tuple(flatten(entry["value"]) or ())))
+            if twin is None:
+                continue
+            for mark in ("descriptive", "null_interval"):     # a twin's marks are its source's, as they are now
+                entry.pop(mark, None)
+            source = expected[twin[0]][twin[1]]
+            entry["tolerance"] = {**source["tolerance"],
+                                  "basis": f"{CALIBRATED}:{TWIN}{twin[0]}.{twin[1]}, whose tolerance it "
+                                           f"takes ({source['tolerance']['basis']})"}
+            for mark in ("descriptive", "null_interval"):
+                if mark in source:
+                    entry[mark] = dict(source[mark])
+            adopted.append((rid, key, *twin))
+    return adopted
 
 
 def widen_ratio_ranges(expected: dict[str, dict[str, Any]]) -> list[tuple[str, str]]:
@@ -313,6 +359,9 @@ def remark_from_expected(registry: Registry, profile: str) -> list[CalibratedVal
     uncalibrated values are left as they are.
     """
     data_path, data = calibratable_expected(registry, profile)
+    adopted = adopt_twins(data["expected"])
+    if adopted:
+        write_expected(registry, profile, data_path, data)
     expected = registry.expected(profile).values
     marked = []
     for rid, keys in data["expected"].items():
