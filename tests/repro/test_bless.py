@@ -88,22 +88,32 @@ def test_hand_set_descriptive_mark_survives_rebless(git_root, monkeypatch):
     assert kept.value == 3.3 and kept.descriptive == (-5.0, 5.0) and kept.descriptive_why == "set by hand"
 
 
-def test_rebless_keeps_an_invariants_expected_value(git_root, monkeypatch):
-    """An invariant (e.g. all-heads knock-in minus clean margin = 0) stays the invariant, not the last
-    run's rounding error; other values move with the run."""
-    monkeypatch.chdir(git_root)
+def rebless_after_editing(git_root, key: str, edit: dict, **second_run):
+    """Bless R-C1 from a first run, edit `key`'s golden entry by hand (`edit`), then re-bless from a second
+    run (`second_run` overrides the first's values): the goldens the re-bless leaves, and the key's class
+    before the edit."""
     results = git_root / "results"
     write_fixture(results, "R-C1", demo_values(median_p1_margin=3.2, p1_event_count=41), profile="demo")
     main(["repro", "bless", "R-C1", "--profile", "demo", "--results", str(results)])
     path = results / "expected" / "demo.yaml"
     data = yaml.load(path.read_text(), Loader=LOADER)
-    data["expected"]["R-C1"]["median_p1_margin"].update(
-        value=0.0, tolerance={"absolute": 1e-4, "basis": "invariant (by construction)"})
+    cited = data["expected"]["R-C1"][key]["class"]
+    data["expected"]["R-C1"][key].update(edit)
     path.write_text(yaml.safe_dump(data, sort_keys=False))
-    write_fixture(results, "R-C1", demo_values(median_p1_margin=2e-5, p1_event_count=42), profile="demo")
+    write_fixture(results, "R-C1", demo_values(**{"median_p1_margin": 3.2, "p1_event_count": 41, **second_run}),
+                  profile="demo")
     assert main(["repro", "bless", "R-C1", "--profile", "demo", "--results", str(results),
                  "--accept-breach", "recount"]) == 0
-    golden = load_registry(git_root).expected("demo").values["R-C1"]
+    return load_registry(git_root).expected("demo").values["R-C1"], cited
+
+
+def test_rebless_keeps_an_invariants_expected_value(git_root, monkeypatch):
+    """An invariant (e.g. all-heads knock-in minus clean margin = 0) stays the invariant, not the last
+    run's rounding error; other values move with the run."""
+    monkeypatch.chdir(git_root)
+    golden, _ = rebless_after_editing(
+        git_root, "median_p1_margin", {"value": 0.0, "tolerance": {"absolute": 1e-4, "basis": "invariant (by construction)"}},
+        median_p1_margin=2e-5, p1_event_count=42)
     assert golden["median_p1_margin"].value == 0.0 and golden["median_p1_margin"].tolerance.absolute == 1e-4
     assert golden["p1_event_count"].value == 42
 
@@ -112,19 +122,9 @@ def test_rebless_keeps_a_tolerance_of_its_own_with_the_class_it_cites(git_root, 
     """R-D20's shares: the paper holds them exact (class none) given stored patches, the demo recomputes the
     patches and holds them to K. A re-bless moves the value and keeps the tolerance and its class."""
     monkeypatch.chdir(git_root)
-    results = git_root / "results"
-    write_fixture(results, "R-C1", demo_values(median_p1_margin=3.2, p1_event_count=41), profile="demo")
-    main(["repro", "bless", "R-C1", "--profile", "demo", "--results", str(results)])
-    path = results / "expected" / "demo.yaml"
-    data = yaml.load(path.read_text(), Loader=LOADER)
-    cited = data["expected"]["R-C1"]["p1_event_count"]["class"]
-    data["expected"]["R-C1"]["p1_event_count"].update(
-        {"class": "T", "tolerance": {"absolute": 3, "basis": "T: recomputed"}})
-    path.write_text(yaml.safe_dump(data, sort_keys=False))
-    write_fixture(results, "R-C1", demo_values(median_p1_margin=3.2, p1_event_count=50), profile="demo")
-    assert main(["repro", "bless", "R-C1", "--profile", "demo", "--results", str(results),
-                 "--accept-breach", "recount"]) == 0
-    golden = load_registry(git_root).expected("demo").values["R-C1"]
+    golden, cited = rebless_after_editing(
+        git_root, "p1_event_count", {"class": "T", "tolerance": {"absolute": 3, "basis": "T: recomputed"}},
+        p1_event_count=50)
     assert cited != "T"
     assert golden["p1_event_count"].value == 50 and golden["p1_event_count"].cls == "T"
     assert golden["p1_event_count"].tolerance.absolute == 3 and golden["p1_event_count"].tolerance.basis == "T: recomputed"
