@@ -260,8 +260,8 @@ def apply_calibration(registry: Registry, profile: str, spread_path: Path) -> li
     basis = (f"{CALIBRATED}: {multiple:g} x the RMS deviation from the golden over "
              f"{len(calibration['replicates'])} replicates: {names}")
     # an invariant keeps its own tolerance and value: what it checks is the invariant, not the run
-    calibrated = [c for c in calibrated if not str((data["expected"][c.result_id][c.key].get("tolerance") or {})
-                                                   .get("basis", "")).startswith("invariant")]
+    calibrated = [c for c in calibrated
+                  if not tolerance_basis(data["expected"][c.result_id][c.key]).startswith("invariant")]
     for c in calibrated:
         entry = data["expected"][c.result_id][c.key]
         if c.tolerance is not None:
@@ -286,6 +286,11 @@ def significant(x: Any) -> bool:
 TWIN = " the same number as "
 
 
+def tolerance_basis(entry: dict[str, Any]) -> str:
+    """The basis of an expected-values entry's own tolerance ("" for one held to its class's)."""
+    return str((entry.get("tolerance") or {}).get("basis", ""))
+
+
 def adopt_twins(expected: dict[str, dict[str, Any]]) -> list[tuple[str, str, str, str]]:
     """Give a value the replicates did not measure the calibration of its twin: a calibrated value whose
     golden is the same number, bit for bit, read by another result's reader (R-D12's per-seed own-heads
@@ -297,26 +302,25 @@ def adopt_twins(expected: dict[str, dict[str, Any]]) -> list[tuple[str, str, str
     calibrated: dict[tuple[str, tuple], tuple[str, str]] = {}
     for rid, keys in expected.items():
         for key, entry in keys.items():
-            basis = str((entry.get("tolerance") or {}).get("basis", ""))
+            basis = tolerance_basis(entry)
             numbers = tuple(flatten(entry["value"]) or ())
             if basis.startswith(CALIBRATED) and TWIN not in basis and any(map(significant, numbers)):
                 calibrated.setdefault((entry.get("kind", "share"), numbers), (rid, key))
     adopted = []
     for rid, keys in expected.items():
         for key, entry in keys.items():
-            adopted_before = TWIN in str((entry.get("tolerance") or {}).get("basis", ""))
+            adopted_before = TWIN in tolerance_basis(entry)
             if not adopted_before and any(mark in entry for mark in ("tolerance", "descriptive", "null_interval")):
                 continue
             twin = calibrated.get((entry.get("kind", "share"), tuple(flatten(entry["value"]) or ())))
             if twin is None:
                 continue
-            for mark in ("descriptive", "null_interval"):     # a twin's marks are its source's, as they are now
-                entry.pop(mark, None)
             source = expected[twin[0]][twin[1]]
             entry["tolerance"] = {**source["tolerance"],
                                   "basis": f"{CALIBRATED}:{TWIN}{twin[0]}.{twin[1]}, whose tolerance it "
                                            f"takes ({source['tolerance']['basis']})"}
-            for mark in ("descriptive", "null_interval"):
+            for mark in ("descriptive", "null_interval"):     # a twin's marks are its source's, as they are now
+                entry.pop(mark, None)
                 if mark in source:
                     entry[mark] = dict(source[mark])
             adopted.append((rid, key, *twin))
@@ -366,7 +370,7 @@ def remark_from_expected(registry: Registry, profile: str) -> list[CalibratedVal
     marked = []
     for rid, keys in data["expected"].items():
         for key, entry in keys.items():
-            basis = str((entry.get("tolerance") or {}).get("basis", ""))
+            basis = tolerance_basis(entry)
             if not basis.startswith(CALIBRATED) or "null_interval" in entry or "descriptive" in entry:
                 continue
             if says_null(key, entry["value"]):

@@ -24,7 +24,8 @@ and no mark yet, with ``move = max over elements |other_e - golden_e|``:
   its rule stopped it): descriptive with ``length: any``, its elements checked for range.
 
 A null interval, from the replicates or from an earlier run, that the other machine's interval leaves
-by more than the tolerance of its ends (the check's rule) is descriptive too: whether the demo shows the difference is not settled.
+by more than the tolerance of its ends (the check's rule) is descriptive too: whether the demo shows
+the difference is not settled.
 
 A value the other machine did not produce is left as it is; a numbers file of another profile is an
 error. `mistill repro calibrate machine <dir>` applies the rule and records the run in the expected
