@@ -36,7 +36,7 @@ STAGES = ("DT-000@qwen-fp32-0", "EV-vanilla@qwen-fp32-0")
 # the stages that write the calibration's inputs (params calibration.inputs) and the arm's: a fast test
 # (tests/chain/test_chain_inputs.py) fails when the inputs grow beyond what they and their ancestors write;
 # of the selection grids, the one whose pick the main runs read (the others serve variants outside the chain)
-UPSTREAM = ("DT-targets", f"DT-select@{load_params(REPO / 'params.yaml')['distill']['lambda_from']}", "DT-coverage",
+UPSTREAM = ("DT-targets", "DT-select", "DT-coverage",       # every λ grid: the calibration links each one
             "HD-S-untrained", "TR-008-events", "LAS@student-qwen-vanilla-fp32-s0",
             "LAS@student-smol-vanilla-fp32-s0")   # a stage, or one item of a foreach stage
 

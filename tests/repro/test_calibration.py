@@ -10,11 +10,13 @@ import yaml
 from mistill.cli import main
 from mistill.errors import UserError
 from mistill.repro.calibration import (
+    DESCRIPTIVE_WHY,
     CalibratedValue,
     Spread,
     adopt_twins,
     apply_calibration,
     calibrate,
+    family_multiple,
     findings_table,
     kind_range,
     measure_spreads,
@@ -88,18 +90,54 @@ def test_calibrate_marks_what_a_replicate_can_flip():
         _spread("untouched", 0.75, [0.75, 0.75, 0.75, 0.75]),       # no replicate moved it: left alone
     ]
     kinds = {("R-D6", s.key): "share" for s in spreads}
-    out = {c.key: c for c in calibrate(spreads, 4.0, kinds)}
+    out = {c.key: c for c in calibrate(spreads, lambda k: 4.0, kinds)}
     assert set(out) == {"level", "difference"}
-    assert out["level"] == CalibratedValue("R-D6", "level", round_up(4 * spreads[0].spread), False, None)
+    assert out["level"] == CalibratedValue("R-D6", "level", round_up(4 * spreads[0].spread), False, None,
+                                           multiple=4.0, replicates=("r0", "r1", "r2", "r3"))
     assert out["level"].tolerance == pytest.approx(0.03)
     assert out["difference"].descriptive and out["difference"].range == [-1.0, 1.0]
     # a floor the tolerance does not exceed keeps the present one: a calibration never narrows
-    assert "level" not in {c.key for c in calibrate(spreads, 4.0, kinds, {("R-D6", "level"): 0.05})}
-    assert "level" in {c.key for c in calibrate(spreads, 4.0, kinds, {("R-D6", "level"): 0.02})}
+    assert "level" not in {c.key for c in calibrate(spreads, lambda k: 4.0, kinds, {("R-D6", "level"): 0.05})}
+    assert "level" in {c.key for c in calibrate(spreads, lambda k: 4.0, kinds, {("R-D6", "level"): 0.02})}
     # a moved value whose kept (wider) tolerance reaches zero is descriptive all the same
     small = _spread("small difference", 0.001, [0.002, 0.0, 0.0015, 0.0005])
-    (kept,) = calibrate([small], 4.0, {("R-D6", "small difference"): "share"}, {("R-D6", "small difference"): 0.02})
+    (kept,) = calibrate([small], lambda k: 4.0, {("R-D6", "small difference"): "share"},
+                        {("R-D6", "small difference"): 0.02})
     assert kept.tolerance is None and kept.descriptive and kept.range == [-1.0, 1.0]
+
+
+def test_the_multiple_is_the_student_t_quantile_of_a_family_wise_breach_chance():
+    from scipy.stats import t
+
+    assert family_multiple(0.05, 136, 5) == pytest.approx(t.ppf(1 - 0.05 / 272, df=5), rel=1e-12)
+    assert family_multiple(0.05, 136, 5) == pytest.approx(8.514, abs=1e-3)
+    assert family_multiple(0.05, 1, 5) == pytest.approx(2.5706, abs=1e-4)      # one value: the textbook t_5, 97.5%
+    assert family_multiple(0.05, 300, 10) < family_multiple(0.05, 300, 5)       # each replicate more shrinks it
+    assert family_multiple(0.05, 600, 5) > family_multiple(0.05, 300, 5)        # each value more widens it
+    with pytest.raises(UserError, match="at least one element and one replicate"):
+        family_multiple(0.05, 0, 5)
+
+
+def _breach_chance(multiple: float, elements: int, replicates: int, *, shared_golden: bool, runs: int = 4000) -> float:
+    """The chance that a fresh run breaches any of `elements` tolerances of `multiple` x the replicates' RMS
+    deviation from the golden, each element of its own scale, simulated."""
+    rng = np.random.default_rng(7)
+    scale = rng.uniform(0.01, 1.0, size=elements)
+    draws = rng.standard_normal((runs, elements, replicates + 2)) * scale[:, None]
+    golden = draws[..., 0:1] if shared_golden else 0.0          # the golden a run of its own, or the value's mean
+    deviations = draws[..., 1:] - golden
+    rms = np.sqrt(np.mean(deviations[..., :-1] ** 2, axis=-1))
+    return float(np.mean(np.any(np.abs(deviations[..., -1]) > multiple * rms, axis=-1)))
+
+
+def test_a_family_wise_multiple_holds_a_whole_runs_breach_chance_where_a_flat_4_does_not():
+    n, k, alpha = 136, 5, 0.05
+    m = family_multiple(alpha, n, k)
+    margin = 3 * math.sqrt(alpha * (1 - alpha) / 4000)
+    exact = _breach_chance(m, n, k, shared_golden=False)         # the t model exactly: Bonferroni is near tight
+    assert 1 - (1 - alpha / n) ** n - margin < exact < alpha + margin
+    assert _breach_chance(m, n, k, shared_golden=True) < alpha + margin     # the golden's own offset: lighter tails
+    assert _breach_chance(4.0, n, k, shared_golden=False) > 0.6             # 4 x RMS: most runs breach somewhere
 
 
 def test_within_range_checks_shape_and_bounds_not_value():
@@ -120,7 +158,7 @@ REPLICATES = {"threads-1": (0.66, 0.05), "jitter-1": (0.76, -0.30), "jitter-2": 
 
 def test_calibration_end_to_end_through_check_and_rebless(git_root, monkeypatch):
     """Goldens blessed, four replicates measured, tolerances applied: the check then holds a level to
-    4 x its RMS and a flippable difference only to its range, and a re-bless keeps both."""
+    m_k x its RMS and a flippable difference only to its range, and a re-bless keeps both."""
     monkeypatch.chdir(git_root)
     results = git_root / "results"
     write_fixture(results, "R-D6", demo_values(**GOLDEN), profile="demo")
@@ -144,17 +182,21 @@ def test_calibration_end_to_end_through_check_and_rebless(git_root, monkeypatch)
         write_fixture(d, "R-D6", demo_values(**{**values, "teacher_hd002_p2c_k40": 0.9}), profile="demo")
     spreads = measure_spreads(registry, "demo", dirs, ("R-D6",))
     spread_path = git_root / "artifacts" / "CAL" / "spread.json"
-    write_spreads(spread_path, spreads, dirs, 4.0)
+    write_spreads(spread_path, spreads, dirs, 0.05)
     commit_all(git_root)
+    multiple = family_multiple(0.05, 3, 4)                  # three moved elements, four replicates: 3.96
 
     applied = apply_calibration(registry, "demo", spread_path)
     assert {c.key for c in applied} == {"untrained_qwen_own_p2c_k40", "qwen_mistill_minus_fp32_vanilla_p2c"}
     data = yaml.load((results / "expected" / "demo.yaml").read_text(), Loader=LOADER)
     entries = data["expected"]["R-D6"]
-    level_tol = round_up(4 * math.sqrt(np.mean((np.array([0.66, 0.76, 0.71, 0.735]) - 0.71) ** 2)))
+    level_tol = round_up(multiple * math.sqrt(np.mean((np.array([0.66, 0.76, 0.71, 0.735]) - 0.71) ** 2)))
     assert level_tol == pytest.approx(0.15)                 # RMS 0.0375, above the class tolerance 0.0355
     assert entries["untrained_qwen_own_p2c_k40"]["tolerance"]["absolute"] == level_tol
-    assert entries["untrained_qwen_own_p2c_k40"]["tolerance"]["basis"].startswith("calibrated: 4 x")
+    assert entries["untrained_qwen_own_p2c_k40"]["tolerance"]["basis"].startswith(
+        "calibrated: 3.96 x the RMS deviation from the golden over 4 replicates (the Student-t quantile that holds a "
+        "run's 3 calibrated elements to a chance of 0.05 of any breach): threads-1 (threads-1), jitter-1")
+    assert data["meta"]["calibration"]["multiple"] == pytest.approx(multiple)
     assert "descriptive" not in entries["untrained_qwen_own_p2c_k40"]
     assert entries["qwen_mistill_minus_fp32_vanilla_p2c"]["descriptive"]["range"] == [-1.0, 1.0]
     assert entries["teacher_hd002_p2c_k40"]["tolerance"] == {"absolute": 0.5, "basis": "invariant: test"}
@@ -185,13 +227,87 @@ def test_calibration_end_to_end_through_check_and_rebless(git_root, monkeypatch)
     assert "descriptive in [-1, 1]" in (git_root / "REGISTRY.md").read_text()
 
 
+def test_a_recalibration_forgets_the_last_one_and_a_second_machines_mark(git_root, monkeypatch):
+    """A value measured again is held to what the new spread asks, floored at its class tolerance and not
+    at the last calibration's; a second machine's "not yet measured" mark goes, a mark for another reason stays."""
+    monkeypatch.chdir(git_root)
+    results = git_root / "results"
+    write_fixture(results, "R-D6", demo_values(**GOLDEN), profile="demo")
+    assert main(["repro", "bless", "R-D6", "--profile", "demo", "--results", str(results)]) == 0
+    demo_yaml = results / "expected" / "demo.yaml"
+    data = yaml.load(demo_yaml.read_text(), Loader=LOADER)
+    level, diff, teacher = (data["expected"]["R-D6"][key] for key in GOLDEN)
+    level["tolerance"] = {"absolute": 0.5, "basis": "calibrated: 4 x an earlier spread"}
+    level["descriptive"] = {"range": [-1.0, 1.0], "why": DESCRIPTIVE_WHY}
+    diff["descriptive"] = {"range": [-1.0, 1.0], "why": "not yet measured by the replicates; a run on x moved it"}
+    teacher["descriptive"] = {"range": [-1.0, 1.0], "why": "wall-clock time of the machine that ran it"}
+    demo_yaml.write_text(yaml.safe_dump(data, sort_keys=False))
+    moved = {"level": [0.711, 0.709, 0.71, 0.7105], "diff": [-0.13, -0.15, -0.14, -0.145], "teacher": [0.75] * 4}
+    dirs = []
+    for i, name in enumerate(REPLICATES):
+        d = git_root / "artifacts" / "CAL" / name
+        write_fixture(d, "R-D6", demo_values(untrained_qwen_own_p2c_k40=moved["level"][i],
+                                             qwen_mistill_minus_fp32_vanilla_p2c=moved["diff"][i],
+                                             teacher_hd002_p2c_k40=moved["teacher"][i]), profile="demo")
+        (d / "replicate.json").write_text(json.dumps({"perturbation": name}))
+        dirs.append(d)
+    commit_all(git_root)
+    spread_path = git_root / "artifacts" / "CAL" / "spread.json"
+    write_spreads(spread_path, measure_spreads(load_registry(git_root), "demo", dirs, ("R-D6",)), dirs, 0.05)
+    apply_calibration(load_registry(git_root), "demo", spread_path)
+
+    entries = yaml.load(demo_yaml.read_text(), Loader=LOADER)["expected"]["R-D6"]
+    assert "tolerance" not in entries["untrained_qwen_own_p2c_k40"]               # within its class tolerance again
+    assert "descriptive" not in entries["untrained_qwen_own_p2c_k40"]
+    held = load_registry(git_root).expected("demo").values["R-D6"]
+    assert held["untrained_qwen_own_p2c_k40"].tolerance.allowed(0.71) == pytest.approx(0.0355)   # 5% of 0.71
+    diff_rms = math.sqrt(np.mean((np.array(moved["diff"]) + 0.14) ** 2))
+    assert entries["qwen_mistill_minus_fp32_vanilla_p2c"]["tolerance"]["absolute"] == round_up(
+        family_multiple(0.05, 3, 4) * diff_rms)
+    assert "descriptive" not in entries["qwen_mistill_minus_fp32_vanilla_p2c"]    # measured now: a finding
+    assert entries["teacher_hd002_p2c_k40"]["descriptive"]["why"].startswith("wall-clock")
+
+
+def test_replicates_on_another_machine_are_measured_from_its_own_unperturbed_run(git_root, monkeypatch):
+    """The spread of replicates run away from the goldens' machine is their RMS deviation from that machine's
+    unperturbed run, not from the golden: the distance between the machines is left to test the tolerance."""
+    monkeypatch.chdir(git_root)
+    results = git_root / "results"
+    write_fixture(results, "R-D6", demo_values(**GOLDEN), profile="demo")
+    assert main(["repro", "bless", "R-D6", "--profile", "demo", "--results", str(results)]) == 0
+    reference = git_root / "calibration" / "machines" / "other" / "results"
+    write_fixture(reference, "R-D6", demo_values(**{**GOLDEN, "untrained_qwen_own_p2c_k40": 0.80}), profile="demo")
+    levels = [0.79, 0.81, 0.80, 0.805]
+    dirs = []
+    for level, name in zip(levels, REPLICATES):
+        d = git_root / "artifacts" / "CAL" / name
+        write_fixture(d, "R-D6", demo_values(**{**GOLDEN, "untrained_qwen_own_p2c_k40": level}), profile="demo")
+        (d / "replicate.json").write_text(json.dumps({"perturbation": name, "machine": "other (Intel Xeon)"}))
+        dirs.append(d)
+    registry = load_registry(git_root)
+    key = "untrained_qwen_own_p2c_k40"
+    (spread,) = [s for s in measure_spreads(registry, "demo", dirs, ("R-D6",), reference) if s.key == key]
+    assert spread.rms == pytest.approx([math.sqrt(np.mean((np.array(levels) - 0.80) ** 2))], rel=1e-12)
+    assert spread.golden == 0.71 and spread.reference == 0.80
+    (from_golden,) = [s for s in measure_spreads(registry, "demo", dirs, ("R-D6",)) if s.key == key]
+    assert from_golden.spread == pytest.approx(math.sqrt(np.mean((np.array(levels) - 0.71) ** 2)), rel=1e-12)
+    write_spreads(git_root / "spread.json", [spread], dirs, 0.05, reference)
+    assert json.loads((git_root / "spread.json").read_text())["reference"] == str(reference)
+
+    (dirs[0] / "replicate.json").write_text(json.dumps({"perturbation": "threads-1", "machine": "vm (AMD EPYC)"}))
+    with pytest.raises(UserError, match="the replicates ran on different machines"):
+        measure_spreads(registry, "demo", dirs, ("R-D6",), reference)
+    with pytest.raises(UserError, match="no R-D6.json"):
+        measure_spreads(registry, "demo", dirs[1:], ("R-D6",), git_root / "calibration")
+
+
 def test_apply_refuses_spreads_measured_against_other_goldens(git_root, monkeypatch):
     monkeypatch.chdir(git_root)
     results = git_root / "results"
     write_fixture(results, "R-D6", demo_values(**GOLDEN), profile="demo")
     main(["repro", "bless", "R-D6", "--profile", "demo", "--results", str(results)])
     spread_path = git_root / "spread.json"
-    spread_path.write_text(json.dumps({"multiple": 4, "replicates": {"r": "x"}, "values": {"R-D6": {
+    spread_path.write_text(json.dumps({"family_alpha": 0.05, "elements": 1, "replicates": {"r": "x"}, "values": {"R-D6": {
         "untrained_qwen_own_p2c_k40": {"golden": 0.5, "replicates": {"r": 0.6}, "rms": [0.1], "spread": 0.1}}}}))
     commit_all(git_root)
     with pytest.raises(UserError, match="rerun the calibration"):
@@ -227,7 +343,7 @@ def test_a_per_seed_list_of_another_length_is_not_a_deviation(git_root, monkeypa
     compared = np.array([produced["threads-1"], produced["jitter-1"]])
     assert per_seed.rms == pytest.approx(np.sqrt(((compared - [0.5, 0.6, 0.7]) ** 2).mean(axis=0)).tolist())
     assert spreads["untrained_qwen_own_p2c_k40"].other_shape == {}       # a scalar: every replicate counts
-    write_spreads(git_root / "spread.json", list(spreads.values()), dirs, 4.0)
+    write_spreads(git_root / "spread.json", list(spreads.values()), dirs, 0.05)
     written = json.loads((git_root / "spread.json").read_text())["values"]["R-D6"]
     assert written[key]["other_shape"] == {"seed-1": [0.64]} and "other_shape" not in written["untrained_qwen_own_p2c_k40"]
 

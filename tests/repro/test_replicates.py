@@ -18,6 +18,7 @@ from mistill.repro.replicates import (
     Workspace,
     check_inputs_cover_deps,
     check_inputs_not_written,
+    check_stage_order,
     jitter_weights,
     replicate_params,
     stage_deps,
@@ -35,8 +36,10 @@ def test_the_demo_calibrates_with_five_replicates_of_one_perturbation_each(confi
     assert [r.name for r in config.replicates] == ["threads-1", "jitter-1", "jitter-2", "seed-1", "isa-avx2"]
     avx2 = dict(config.replicates[-1].env)     # an AVX2-only CPU's kernels, bf16 products through fp32
     assert avx2 == {"ONEDNN_MAX_CPU_ISA": "AVX2", "MKL_ENABLE_INSTRUCTIONS": "AVX2", "MISTILL_BF16_GEMM": "emulate"}
-    assert config.multiple == 4
-    assert config.results == ("R-D1", "R-D2", "R-D5", "R-D6", "R-D18", "R-D19", "R-D24", "R-D25", "R-D28")
+    assert config.family_alpha == 0.05
+    # every trained-student result whose values a second machine's run moved beyond their class tolerances
+    assert config.results == ("R-D1", "R-D2", "R-D5", "R-D6", "R-D7", "R-D10", "R-D12", "R-D13", "R-D14", "R-D18",
+                              "R-D19", "R-D24", "R-D25", "R-D27", "R-D28", "R-D29", "R-D30", "R-D36")
 
 
 def test_replicate_params_override_the_active_profile_and_keep_the_alias(tmp_path):
@@ -93,6 +96,19 @@ def test_every_artifact_a_replicate_stage_reads_is_an_input_or_a_replicate_outpu
         check_inputs_cover_deps(without, deps, outs)
 
 
+def test_a_stage_runs_after_every_replicate_stage_that_writes_what_it_reads(config):
+    outs, deps = stage_outs(REPO, config.stages), stage_deps(REPO, config.stages)
+    check_stage_order(config, deps, outs)                          # the demo's order runs through
+    late = dataclasses.replace(config, stages=tuple(s for s in config.stages if s != "DT-000") + ("DT-000",))
+    with pytest.raises(UserError, match=r"EV-vanilla reads artifacts/DT-000/student-qwen-vanilla-fp32-s0, which "
+                                        r"DT-000 writes, listed after it; list DT-000 first"):
+        check_stage_order(late, deps, outs)
+    own = "OWN-variant@fp32pick2"
+    last = dataclasses.replace(config, stages=tuple(s for s in config.stages if s != own) + (own,))
+    with pytest.raises(UserError, match=rf"R-D29 reads artifacts/own-trace, which {own} writes"):   # a whole directory
+        check_stage_order(last, deps, outs)
+
+
 def test_config_errors_name_the_field():
     params = load_params(REPO / "params.yaml")
     params["calibration"] = {**params["calibration"], "replicates": {"bad": {"thread": 1}}}
@@ -118,7 +134,7 @@ def test_a_workspace_links_inputs_copies_students_and_runs_dvc(tmp_path):
     data = {"demo": {"name": "demo", "models": {"dir": "models/demo", "threads": 2}, "distill": {"seeds": [0]}}}
     data["profile"] = data["demo"]
     config = CalibrationConfig(scratch=Path("scratch"), out=Path("out"), inputs=("artifacts/data",),
-                               stages=("COUNT",), results=(), multiple=4.0, replicates=())
+                               stages=("COUNT",), results=(), family_alpha=0.05, replicates=())
     ws = Workspace(repo / "scratch" / "j", Replicate("j", threads=1, weight_jitter=1e-3, jitter_seed=0))
     ws.build(repo, data, config)
     linked = ws.root / "artifacts" / "data" / "notes.jsonl"
@@ -155,7 +171,7 @@ def test_a_workspace_passes_its_environment_to_the_stage_commands(tmp_path):
     data = {"demo": {"name": "demo", "models": {"dir": "models/demo", "threads": 2}, "distill": {"seeds": [0]}}}
     data["profile"] = data["demo"]
     config = CalibrationConfig(scratch=Path("s"), out=Path("o"), inputs=(), stages=("ENV",), results=(),
-                               multiple=4.0, replicates=())
+                               family_alpha=0.05, replicates=())
     ws = Workspace(repo / "s" / "e", Replicate("e", env=(("MISTILL_PROBE", "avx512"),)))
     ws.build(repo, data, config)
     ws.run_stages(stage_addresses(ws.root, config.stages), log=lambda line: None)
@@ -176,7 +192,7 @@ def test_a_workspace_copies_the_family_pipelines_and_runs_their_stages_in_the_ro
     data = {"demo": {"name": "demo", "models": {"dir": "models/demo", "threads": 2}, "distill": {"seeds": [0]}}}
     data["profile"] = data["demo"]
     config = CalibrationConfig(scratch=Path("s"), out=Path("o"), inputs=(), stages=("FIRST", "SECOND"), results=(),
-                               multiple=4.0, replicates=())
+                               family_alpha=0.05, replicates=())
     ws = Workspace(repo / "s" / "f", Replicate("f", threads=1))
     ws.build(repo, data, config)
     targets = stage_addresses(ws.root, config.stages)
@@ -212,7 +228,7 @@ def _counting_repo(root: Path) -> tuple[Path, CalibrationConfig]:
     (repo / "params.yaml").write_text("demo: &demo {name: demo, models: {dir: models/demo, threads: 2}, "
                                       "distill: {seeds: [0]}}\nprofile: *demo\n")
     config = CalibrationConfig(scratch=Path("scratch"), out=Path("out"), inputs=("artifacts/data",), stages=("R-X",),
-                               results=("R-X",), multiple=4.0, replicates=(Replicate("one", threads=1),))
+                               results=("R-X",), family_alpha=0.05, replicates=(Replicate("one", threads=1),))
     return repo, config
 
 

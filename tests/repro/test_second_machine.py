@@ -10,7 +10,7 @@ import yaml
 
 from mistill.cli import main
 from mistill.errors import UserError
-from mistill.repro.calibration import CALIBRATED, findings_table
+from mistill.repro.calibration import CALIBRATED, calibrated_multiple, findings_table
 from mistill.repro.check import FAIL, PASS, run_check
 from mistill.repro.registry import Expected, Registry, load_registry
 from mistill.repro.second_machine import (
@@ -234,3 +234,14 @@ def test_descriptive_length_must_be_any(git_root):
                                 "descriptive": {"range": [0, 10], "length": 3}}}}}))
     with pytest.raises(UserError, match="length must be 'any'"):
         load_registry(git_root).expected("demo")
+
+
+def test_the_margin_is_the_multiple_the_goldens_calibration_applied(git_root):
+    path = git_root / "results" / "expected" / "demo.yaml"
+    path.write_text(yaml.safe_dump({"meta": {"profile": "demo", "blessable": True}, "expected": {}}))
+    with pytest.raises(UserError, match="records no calibration: run `mistill repro calibrate apply` first"):
+        calibrated_multiple(load_registry(git_root), "demo")
+    calibration = {"family_alpha": 0.05, "elements": 253, "multiple": 9.7017}
+    path.write_text(yaml.safe_dump({"meta": {"profile": "demo", "blessable": True, "calibration": calibration},
+                                    "expected": {}}))
+    assert calibrated_multiple(load_registry(git_root), "demo") == 9.7017

@@ -8,12 +8,26 @@ reruns move it from its golden ``g``:
     spread = max over elements e of  sqrt( mean over replicates j of (r_je - g_e)^2 )
 
 (the root-mean-square deviation of the replicates from the golden, per element of a per-phase or
-per-seed list, the widest element). The value's tolerance becomes
+per-seed list, the widest element). Replicates run on a machine other than the goldens' are measured
+from that machine's own unperturbed run instead (params `calibration.reference`, a directory of its
+numbers files): ``g`` is then its value, so the spread measures the perturbations alone, and the
+distance between the two machines is what the tolerances are tested on, not what they are sized
+from. The value's tolerance becomes
 
-    tolerance = multiple * spread            (params calibration.multiple; 4 on the demo)
+    tolerance = m_k * spread,     m_k = t_k^-1( 1 - alpha / (2 n) )
 
-rounded up to two significant digits. With four replicates the largest deviation seen is at most
-twice the RMS, so a tolerance of 4 x RMS is at least twice the largest move any replicate made.
+rounded up to two significant digits, where k is the number of replicates that produced the value,
+n the number of elements the calibration measured (every element of every value a replicate moved)
+and alpha (params `calibration.family_alpha`, 0.05 on the demo) the chance that a run on a fresh
+machine breaches any of the n tolerances. Why the t quantile: given the golden, a fresh machine's
+deviation d_0 and the replicates' d_1..d_k are alike and independent; if they are N(0, s^2),
+d_0 / sqrt(mean_j d_j^2) is Student-t with k degrees of freedom, exactly, and if they share an
+offset (the golden's own distance from the value's mean) the ratio's tails are lighter. The union
+bound over the n elements then holds a whole run's breach chance to alpha, however its values are
+correlated. A multiple sized per value is not enough: 4 x RMS over five replicates is breached with
+chance 1.0% per value (|t_5| > 4), 1.4 breaches per run over 136 calibrated values, and a fresh
+clone's `nox -s repro` would fail more often than not. Each replicate more shrinks m_k (about 10 for
+k = 5 and n = 300, 6 for k = 10).
 A calibration never narrows a tolerance: where 4 x RMS is within what the value's class tolerance
 already allows (a value the replicates barely moved; four replicates can under-state the spread of
 a metric that moves in steps), the class tolerance stays.
@@ -44,12 +58,14 @@ from __future__ import annotations
 
 import datetime as dt
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from decimal import ROUND_CEILING, Decimal
 from pathlib import Path
 from typing import Any
 
 import yaml
+from scipy.stats import t as student_t
 
 from mistill.errors import UserError
 from mistill.io import atomic_open, code_version, file_sha256, read_json, write_json
@@ -61,6 +77,7 @@ from mistill.repro.tolerance import flatten, says_null, shape
 
 SPREAD_FILE = "spread.json"
 CALIBRATED = "calibrated"
+UNMEASURED = "not yet measured by the replicates"    # how a second machine's mark begins (second_machine.py)
 
 
 @dataclass(frozen=True)
@@ -74,9 +91,12 @@ class Spread:
     rms: list[float]                    # per element
     spread: float                       # the widest element's RMS
     other_shape: dict[str, Any] = field(default_factory=dict)   # replicates whose value is not comparable
+    reference: Any = None               # the unperturbed run's value the deviations are measured from, if not the golden
 
     def to_json(self) -> dict[str, Any]:
         body = {"golden": self.golden, "replicates": self.replicates, "rms": self.rms, "spread": self.spread}
+        if self.reference is not None:
+            body["reference"] = self.reference
         if self.other_shape:
             body["other_shape"] = self.other_shape
         return body
@@ -98,16 +118,31 @@ def rms_deviation(golden: Any, values: list[Any]) -> list[float]:
 
 
 def measure_spreads(registry: Registry, profile: str, replicate_dirs: list[Path],
-                    results: tuple[str, ...]) -> list[Spread]:
-    """One Spread per expected value of `results` that at least one replicate produced."""
+                    results: tuple[str, ...], reference: Path | None = None) -> list[Spread]:
+    """One Spread per expected value of `results` that at least one replicate produced, measured from the
+    golden or, given `reference` (the numbers files of the replicates' machine's unperturbed run), from
+    that run's value; a value the reference run did not produce in the golden's shape is not measured."""
     expected = registry.expected(profile).values
     numbers = {d.name: {rid: read_numbers(d / f"{rid}.json", registry) for rid in results}
                for d in replicate_dirs}
+    centres = {}
+    if reference is not None:
+        one_machine(replicate_dirs, reference)
+        for rid in results:
+            if not (reference / f"{rid}.json").is_file():
+                raise UserError(f"calibration.reference {reference}: no {rid}.json (the unperturbed run must "
+                                "have read every calibrated result)")
+            centres[rid] = read_numbers(reference / f"{rid}.json", registry)
     spreads = []
     for rid in results:
         for key, exp in expected.get(rid, {}).items():
             if flatten(exp.value) is None:
                 continue
+            centre = exp.value
+            if reference is not None:
+                centre = centres[rid].values.get(key, {}).get("value")
+                if centre is None or shape(centre) != shape(exp.value) or flatten(centre) is None:
+                    continue
             produced = {name: per[rid].values[key]["value"] for name, per in numbers.items()
                         if key in per[rid].values}
             # A replicate that trains under another seed writes a per-seed list of the one seed it trained:
@@ -116,17 +151,45 @@ def measure_spreads(registry: Registry, profile: str, replicate_dirs: list[Path]
             if not comparable:
                 continue
             other = {name: v for name, v in produced.items() if name not in comparable}
-            rms = rms_deviation(exp.value, list(comparable.values()))
-            spreads.append(Spread(rid, key, exp.value, comparable, rms, max(rms), other))
+            rms = rms_deviation(centre, list(comparable.values()))
+            spreads.append(Spread(rid, key, exp.value, comparable, rms, max(rms), other,
+                                  reference=centre if reference is not None else None))
     return spreads
 
 
-def write_spreads(path: Path, spreads: list[Spread], replicate_dirs: list[Path], multiple: float) -> None:
+def one_machine(replicate_dirs: list[Path], reference: Path) -> None:
+    """Refuse replicates run on different machines (replicate.json `machine`) when they are measured from
+    one machine's unperturbed run: each deviation would carry the distance between the machines too."""
+    machines = {d.name: read_json(d / "replicate.json").get("machine", "not recorded") for d in replicate_dirs}
+    if len(set(machines.values())) > 1:
+        listed = "; ".join(f"{name}: {machine}" for name, machine in machines.items())
+        raise UserError(f"calibration.reference {reference}: the replicates ran on different machines ({listed}); "
+                        "rerun them on the reference run's machine, or measure them from the goldens")
+
+
+def measured_elements(spreads: list[Spread]) -> int:
+    """n of the module docstring: the elements of every value a replicate moved."""
+    return sum(len(s.rms) for s in spreads if s.spread > 0)
+
+
+def family_multiple(alpha: float, elements: int, replicates: int) -> float:
+    """m_k of the module docstring: the two-sided Student-t quantile with `replicates` degrees of freedom
+    at a per-element breach chance of alpha / elements."""
+    if elements < 1 or replicates < 1:
+        raise UserError(f"a family-wise multiple needs at least one element and one replicate "
+                        f"(got {elements} and {replicates})")
+    return float(student_t.ppf(1 - alpha / (2 * elements), df=replicates))
+
+
+def write_spreads(path: Path, spreads: list[Spread], replicate_dirs: list[Path], family_alpha: float,
+                  reference: Path | None = None) -> None:
     by_result: dict[str, dict[str, Any]] = {}
     for s in spreads:
         by_result.setdefault(s.result_id, {})[s.key] = s.to_json()
     replicates = {d.name: read_json(d / "replicate.json")["perturbation"] for d in replicate_dirs}
-    write_json(path, {"multiple": multiple, "replicates": replicates, "values": by_result})
+    write_json(path, {"family_alpha": family_alpha, "elements": measured_elements(spreads),
+                      "reference": str(reference) if reference else "the goldens",
+                      "replicates": replicates, "values": by_result})
 
 
 def round_up(x: float, digits: int = 2) -> float:
@@ -166,6 +229,8 @@ class CalibratedValue:
     descriptive: bool
     range: list[float] | None
     null_interval: bool = False    # an interval that contains zero: checked for still containing it
+    multiple: float = 0.0          # m_k of the module docstring, and the k replicates it was measured over
+    replicates: tuple[str, ...] = ()
 
 
 def reaches_zero(tolerance: float, golden: list[float]) -> bool:
@@ -173,19 +238,21 @@ def reaches_zero(tolerance: float, golden: list[float]) -> bool:
     return any(tolerance >= abs(g) for g in golden)
 
 
-def calibrate(spreads: list[Spread], multiple: float, kinds: dict[tuple[str, str], str],
+def calibrate(spreads: list[Spread], multiple: Callable[[int], float], kinds: dict[tuple[str, str], str],
               floors: dict[tuple[str, str], float] | None = None,
               stats: dict[tuple[str, str], str] | None = None) -> list[CalibratedValue]:
     """The tolerance and descriptive mark of every value its replicates moved beyond its floor (the
-    distance its present tolerance already allows, when given). An interval of a difference that
-    contains zero stays a null interval only while every replicate's interval contains zero too; one
-    that a replicate moved off zero says different things on different machines: descriptive."""
+    distance its present tolerance already allows, when given); `multiple(k)` is m_k for a value k
+    replicates produced. An interval of a difference that contains zero stays a null interval only
+    while every replicate's interval contains zero too; one that a replicate moved off zero says
+    different things on different machines: descriptive."""
     out = []
     floors, stats = floors or {}, stats or {}
     for s in spreads:
         if s.spread == 0:
             continue
-        measured = round_up(multiple * s.spread)
+        m = multiple(len(s.replicates))
+        measured = round_up(m * s.spread)
         floor = floors.get((s.result_id, s.key), 0.0)
         tol = measured if measured > floor else None
         golden = flatten(s.golden) or []
@@ -199,7 +266,8 @@ def calibrate(spreads: list[Spread], multiple: float, kinds: dict[tuple[str, str
         seen = golden + [x for v in s.replicates.values() for x in (flatten(v) or [])]
         where = (s.result_id, s.key)
         bounds = kind_range(kinds[where], seen, stats.get(where, "")) if descriptive else None
-        out.append(CalibratedValue(s.result_id, s.key, tol, descriptive, bounds, null_interval=null))
+        out.append(CalibratedValue(s.result_id, s.key, tol, descriptive, bounds, null_interval=null,
+                                   multiple=m, replicates=tuple(s.replicates)))
     return out
 
 
@@ -246,36 +314,72 @@ def apply_calibration(registry: Registry, profile: str, spread_path: Path) -> li
                 raise UserError(f"{spread_path}: {rid}.{key} was measured against golden {rec['golden']!r}, "
                                 f"the goldens now hold {current['value']!r}; rerun the calibration")
             spreads.append(Spread(rid, key, rec["golden"], rec["replicates"], rec["rms"], rec["spread"]))
+    for s in spreads:
+        if s.spread > 0:
+            forget_calibration(data["expected"][s.result_id][s.key])
     kinds = {(s.result_id, s.key): data["expected"][s.result_id][s.key]["kind"] for s in spreads}
     stats = {(s.result_id, s.key): data["expected"][s.result_id][s.key].get("stat", "") for s in spreads}
-    floors = {}
-    for s in spreads:       # what the class tolerance allows already (a calibration never narrows it)
-        exp = registry.expected(profile).values[s.result_id][s.key]
-        if not exp.tolerance.basis.startswith(CALIBRATED):
-            floors[(s.result_id, s.key)] = min((exp.tolerance.allowed(g) for g in flatten(exp.value) or []),
-                                               default=0.0)
-    multiple = float(calibration["multiple"])
-    calibrated = calibrate(spreads, multiple, kinds, floors, stats)
-    names = ", ".join(f"{n} ({p})" for n, p in calibration["replicates"].items())
-    basis = (f"{CALIBRATED}: {multiple:g} x the RMS deviation from the golden over "
-             f"{len(calibration['replicates'])} replicates: {names}")
+    floors = {(s.result_id, s.key): class_floor(registry, profile, s.result_id, s.key) for s in spreads}
+    alpha, elements = float(calibration["family_alpha"]), int(calibration["elements"])
+    calibrated = calibrate(spreads, lambda k: family_multiple(alpha, elements, k), kinds, floors, stats)
     # an invariant keeps its own tolerance and value: what it checks is the invariant, not the run
     calibrated = [c for c in calibrated
                   if not tolerance_basis(data["expected"][c.result_id][c.key]).startswith("invariant")]
     for c in calibrated:
         entry = data["expected"][c.result_id][c.key]
         if c.tolerance is not None:
-            entry["tolerance"] = {"absolute": c.tolerance, "basis": basis}
+            names = ", ".join(f"{n} ({calibration['replicates'][n]})" for n in c.replicates)
+            entry["tolerance"] = {"absolute": c.tolerance, "basis": (
+                f"{CALIBRATED}: {c.multiple:.3g} x the RMS deviation from the golden over {len(c.replicates)} "
+                f"replicates (the Student-t quantile that holds a run's {elements} calibrated elements to a "
+                f"chance of {alpha:g} of any breach): {names}")}
         mark(entry, c)
     adopt_twins(data["expected"])
     widen_ratio_ranges(data["expected"])
     data.setdefault("meta", {})["calibration"] = {
-        "spreads": str(spread_path), "spreads_sha256": file_sha256(spread_path), "code_version": code_version(),
+        "spreads": str(spread_path), "spreads_sha256": file_sha256(spread_path), "family_alpha": alpha,
+        "elements": elements, "multiple": family_multiple(alpha, elements, len(calibration["replicates"])),
+        "code_version": code_version(),
         "machine": describe_machine(),
         "date": dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
     }
     write_expected(registry, profile, data_path, data)
     return calibrated
+
+
+def forget_calibration(entry: dict[str, Any]) -> None:
+    """Take from a value the replicates measure again what a calibration, or a second machine standing in for
+    one, gave it: a calibrated tolerance (its own or a twin's), the marks calibrate() sets and a machine's
+    "not yet measured" mark. What the new spread asks for is then written afresh; a value it leaves within
+    its class tolerance is held to that again. A mark for another reason stays."""
+    if tolerance_basis(entry).startswith(CALIBRATED):
+        entry.pop("tolerance")
+    why = str((entry.get("descriptive") or {}).get("why", ""))
+    if why == DESCRIPTIVE_WHY or why.startswith(UNMEASURED):
+        entry.pop("descriptive")
+    if (entry.get("null_interval") or {}).get("why") == NULL_WHY:
+        entry.pop("null_interval")
+
+
+def class_floor(registry: Registry, profile: str, result_id: str, key: str) -> float:
+    """What a value's tolerance allows before calibration (a calibration never narrows it): its class
+    default, or a tolerance of its own that no calibration set."""
+    exp = registry.expected(profile).values[result_id][key]
+    tol = exp.tolerance
+    if tol.basis.startswith(CALIBRATED):    # a re-calibration is floored at the class, not at the last one
+        tol = registry.default_tolerance(exp.cls.split(","), exp.kind, where=f"{result_id}.{key}")
+    return min((tol.allowed(g) for g in flatten(exp.value) or []), default=0.0)
+
+
+def calibrated_multiple(registry: Registry, profile: str) -> float:
+    """The multiple of the spread that the goldens' calibration applied with every replicate
+    (meta.calibration.multiple of the expected values)."""
+    data = yaml.safe_load(expected_path(registry.root, profile).read_text(encoding="utf-8")) or {}
+    multiple = ((data.get("meta") or {}).get("calibration") or {}).get("multiple")
+    if multiple is None:
+        raise UserError(f"results/expected/{profile}.yaml records no calibration: run "
+                        "`mistill repro calibrate apply` first")
+    return float(multiple)
 
 
 def significant(x: Any) -> bool:
@@ -358,7 +462,7 @@ def remark_from_expected(registry: Registry, profile: str) -> list[CalibratedVal
 
     A calibrated interval of a difference that contains zero is a null interval.  Any other calibrated
     value whose tolerance reaches zero from its golden is descriptive: calibrate()'s own rule, with the
-    kept tolerance standing for 4 x the spread it was measured from.  Marks are only added, never
+    kept tolerance standing for m_k times the spread it was measured from.  Marks are only added, never
     removed: a value the replicates made descriptive stays so until they are run again.  Tolerances and
     uncalibrated values are left as they are.
     """
@@ -424,8 +528,8 @@ def cmd_run(args) -> int:
     config = CalibrationConfig.from_params(params)
     registry = load_registry()
     dirs = run_replicates(Path("."), config)[:len(config.replicates)]   # held-out ones are checked, not measured
-    spreads = measure_spreads(registry, params["profile"], dirs, config.results)
-    write_spreads(config.out / SPREAD_FILE, spreads, dirs, config.multiple)
+    spreads = measure_spreads(registry, params["profile"], dirs, config.results, config.reference)
+    write_spreads(config.out / SPREAD_FILE, spreads, dirs, config.family_alpha, config.reference)
     moved = sum(1 for s in spreads if s.spread > 0)
     print(f"{len(dirs)} replicates; {moved} of {len(spreads)} values moved; wrote {config.out / SPREAD_FILE}")
     return 0

@@ -56,6 +56,7 @@ import yaml
 
 from mistill.errors import UserError
 from mistill.io import write_json
+from mistill.repro.machine import describe_machine
 from mistill.repro.pipeline import pipeline_files, stage_addresses
 
 # What a replicate workspace needs besides its inputs: the pipeline files (mistill.repro.pipeline), the
@@ -96,9 +97,10 @@ class CalibrationConfig:
     inputs: tuple[str, ...]
     stages: tuple[str, ...]
     results: tuple[str, ...]
-    multiple: float
+    family_alpha: float                 # the chance a whole run may breach any calibrated tolerance (calibration.py)
     replicates: tuple[Replicate, ...]
     held_out: tuple[Replicate, ...] = ()
+    reference: Path | None = None       # the replicates' machine's unperturbed numbers files, if not the goldens'
 
     @classmethod
     def from_params(cls, params: dict[str, Any]) -> CalibrationConfig:
@@ -108,16 +110,17 @@ class CalibrationConfig:
         try:
             config = cls(scratch=Path(section["scratch"]), out=Path(section["out"]),
                          inputs=tuple(section["inputs"]), stages=tuple(section["stages"]),
-                         results=tuple(section["results"]), multiple=float(section["multiple"]),
+                         results=tuple(section["results"]), family_alpha=float(section["family_alpha"]),
                          replicates=_replicates(section["replicates"], "replicates"),
-                         held_out=_replicates(section.get("held_out"), "held_out"))
+                         held_out=_replicates(section.get("held_out"), "held_out"),
+                         reference=Path(section["reference"]) if section.get("reference") else None)
         except KeyError as err:
             raise UserError(f"params.yaml calibration: missing {err}") from None
         names = [r.name for r in config.replicates + config.held_out]
         if len(set(names)) != len(names):
             raise UserError("params.yaml calibration: replicates and held_out need distinct names")
-        if config.multiple <= 0:
-            raise UserError(f"params.yaml calibration.multiple must be > 0, got {config.multiple}")
+        if not 0 < config.family_alpha < 1:
+            raise UserError(f"params.yaml calibration.family_alpha must lie in (0, 1), got {config.family_alpha}")
         for rep in config.replicates + config.held_out:
             if rep.weight_jitter < 0 or (rep.threads is not None and rep.threads < 1):
                 raise UserError(f"params.yaml calibration.replicates.{rep.name}: weight_jitter >= 0 and threads >= 1")
@@ -347,6 +350,21 @@ def check_inputs_cover_deps(config: CalibrationConfig, deps_by_stage: dict[str, 
                                 "calibration.inputs does not list; add it to calibration.inputs")
 
 
+def check_stage_order(config: CalibrationConfig, deps_by_stage: dict[str, list[str]],
+                      outs_by_stage: dict[str, list[str]], artifacts: str = "artifacts") -> None:
+    """Refuse a stage listed before a replicate stage that writes what it reads: the stages run one by one
+    in the listed order, so it would fail on a missing file, or read a stale one, after minutes of training."""
+    order = list(config.stages)
+    for i, stage in enumerate(order):
+        for dep in deps_by_stage[stage]:
+            if not _within(dep, artifacts) or any(_within(dep, inp) for inp in config.inputs):
+                continue
+            later = [s for s in order[i + 1:] if any(_within(o, dep) or _within(dep, o) for o in outs_by_stage[s])]
+            if later:
+                raise UserError(f"calibration.stages: {stage} reads {dep}, which {later[0]} writes, listed after "
+                                f"it; list {later[0]} first")
+
+
 def run_replicates(repo: Path, config: CalibrationConfig, *, log=print) -> list[Path]:
     """Run every replicate and held-out replicate not yet done; return their numbers files'
     directories, replicates first."""
@@ -357,8 +375,10 @@ def run_replicates(repo: Path, config: CalibrationConfig, *, log=print) -> list[
                         "(its expected values are not calibrated here)")
     targets = stage_addresses(repo, config.stages)
     outs = stage_outs(repo, config.stages)
+    deps = stage_deps(repo, config.stages)
     check_inputs_not_written(config, outs)
-    check_inputs_cover_deps(config, stage_deps(repo, config.stages), outs)
+    check_inputs_cover_deps(config, deps, outs)
+    check_stage_order(config, deps, outs)
     data = load_all(repo / "params.yaml")
     done_dirs = []
     for rep in config.replicates + config.held_out:
@@ -380,7 +400,7 @@ def run_replicates(repo: Path, config: CalibrationConfig, *, log=print) -> list[
                 raise UserError(f"calibration: replicate {rep.name} wrote no results/{rid}.json")
             shutil.copy2(source, out_dir / source.name)
         write_json(out_dir / DONE_FILE, {"replicate": asdict(rep), "perturbation": rep.describe(),
-                                         "held_out": rep in config.held_out,
+                                         "held_out": rep in config.held_out, "machine": describe_machine(),
                                          "wall_s": round(time.perf_counter() - start, 1), "stages": times})
         done_dirs.append(out_dir)
     return done_dirs

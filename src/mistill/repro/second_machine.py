@@ -14,8 +14,8 @@ that a value moves. So, per expected value that carries no calibrated tolerance,
 and no mark yet, with ``move = max over elements |other_e - golden_e|``:
 
 * ``multiple * move <= allowed(golden)``: kept. Its class tolerance is at least `multiple` times the
-  distance the other machine moved it (`multiple` is the calibration's, params
-  ``calibration.multiple``), the margin the replicates would have asked for.
+  distance the other machine moved it (`multiple` is the one the goldens' calibration applied,
+  ``meta.calibration.multiple`` of the expected values), the margin the replicates would have asked for.
 * otherwise, a 95% interval of a difference that contains zero on both machines: a *null interval*,
   checked for still containing zero (calibration.py says why);
 * otherwise: *descriptive*, checked for presence and for the range its kind allows, with the move
@@ -47,7 +47,9 @@ from mistill.io import code_version
 from mistill.repro.calibration import (
     CALIBRATED,
     NULL_WHY,
+    UNMEASURED,
     calibratable_expected,
+    calibrated_multiple,
     kind_range,
     rewrite_value_checks,
     write_expected,
@@ -171,10 +173,10 @@ def why(run: MachineRun, m: MachineMove, multiple: float) -> str:
         return (f"a 95% interval of a difference that contains zero here, and not on {run.name} ({run.cpu}): "
                 f"whether the demo shows the difference depends on the machine, so it is only described")
     if m.any_length:
-        return (f"not yet measured by the replicates; a run on {run.name} ({run.cpu}) gave a list of another "
+        return (f"{UNMEASURED}; a run on {run.name} ({run.cpu}) gave a list of another "
                 f"length (a walk that stopped elsewhere): checked for presence and range, of any length, until "
                 f"the replicates measure it")
-    return (f"not yet measured by the replicates; a run on {run.name} ({run.cpu}) moved it by {m.move:.3g}, "
+    return (f"{UNMEASURED}; a run on {run.name} ({run.cpu}) moved it by {m.move:.3g}, "
             f"more than 1/{multiple:g} of its tolerance ({m.allowed:.3g}), and one run cannot size a "
             f"tolerance: checked for presence and range until the replicates measure its spread")
 
@@ -216,11 +218,9 @@ def cmd_machine(args) -> int:
     from mistill.params import load_params
     from mistill.repro.registry import load_registry
     from mistill.repro.registry_md import write_registry_md
-    from mistill.repro.replicates import CalibrationConfig
-
     params = load_params()
-    multiple = CalibrationConfig.from_params(params).multiple
     registry = load_registry()
+    multiple = calibrated_multiple(registry, params["profile"])
     run = MachineRun.load(args.run)
     if args.dry_run:
         moves = measure_moves(registry, params["profile"], run, multiple)
