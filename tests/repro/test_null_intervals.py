@@ -66,8 +66,9 @@ def test_calibrate_marks_a_moved_interval_that_contains_zero_as_null():
     spreads = [spread(KEY, [-0.051, 0.060], [[-0.06, 0.05], [-0.04, 0.07]]),
                spread(GAIN, [-0.37, -0.20], [[-0.36, -0.19], [-0.38, -0.21]])]
     kinds = {("R-D18", s.key): "share" for s in spreads}
-    out = {c.key: c for c in calibrate(spreads, 4.0, kinds)}
-    assert out[KEY] == CalibratedValue("R-D18", KEY, 0.048, False, None, null_interval=True)
+    out = {c.key: c for c in calibrate(spreads, lambda k: 4.0, kinds)}
+    assert out[KEY] == CalibratedValue("R-D18", KEY, 0.048, False, None, null_interval=True, multiple=4.0,
+                                       replicates=("r0", "r1"))
     assert not out[GAIN].null_interval and not out[GAIN].descriptive and out[GAIN].tolerance == 0.048
 
 
@@ -76,7 +77,7 @@ def test_an_interval_a_replicate_moves_off_zero_is_descriptive_not_null():
     not settled, so the value is only described (the R-D24 uniform-versus-Mistill interval on the demo)."""
     spread = Spread("R-D24", KEY, [-0.023, 0.488], {"threads-1": [0.248, 0.672], "jitter-1": [-0.01, 0.5]},
                     [0.2, 0.15], 0.2)
-    (out,) = calibrate([spread], 4.0, {("R-D24", KEY): "share"})
+    (out,) = calibrate([spread], lambda k: 4.0, {("R-D24", KEY): "share"})
     assert not out.null_interval and out.descriptive and out.range == [-1.0, 1.0]
     assert out.tolerance == 0.8
 
@@ -122,7 +123,7 @@ def test_marks_only_then_check_then_rebless(git_root, monkeypatch):
     assert verdicts([-0.2, -0.06])[KEY] == FAIL                   # a difference shown where the golden shows none
     assert verdicts([-0.109, 0.017], gain=(-0.37, 0.02))[GAIN] == FAIL   # the finding's end beyond its tolerance
     table = findings_table(load_registry(git_root), "demo", ("R-D18",))
-    assert "a null finding (checked: the interval still contains zero)" in table
+    assert "a null finding (checked: the interval still contains zero, up to its ends' tolerance)" in table
     path = git_root / "results" / "expected" / "demo.yaml"       # a descriptive mark set by hand says its why
     data = yaml.safe_load(path.read_text())
     data["expected"]["R-D18"][GAIN]["descriptive"] = {"range": [-1.0, 1.0], "why": "not yet measured; later"}

@@ -105,7 +105,7 @@ def test_a_stage_runs_after_every_replicate_stage_that_writes_what_it_reads(conf
         check_stage_order(late, deps, outs)
     own = "OWN-variant@fp32pick2"
     last = dataclasses.replace(config, stages=tuple(s for s in config.stages if s != own) + (own,))
-    with pytest.raises(UserError, match=rf"R-D29 reads artifacts/own-trace, which {own} writes"):   # a whole directory
+    with pytest.raises(UserError, match=rf"R-D30 reads artifacts/variants/own-trace, which {own} writes"):   # a whole directory
         check_stage_order(last, deps, outs)
 
 
