@@ -259,6 +259,28 @@ def test_a_finished_replicate_is_reused_only_while_its_stages_are_up_to_date(tmp
     assert logged[0] == "one: 1 thread(s)" and json.loads(result.read_text()) == {"lines": 3}
 
 
+def test_a_replicate_another_process_holds_is_left_to_it(tmp_path):
+    """Several `calibrate run` processes share the replicates: each runs those no other one holds."""
+    import dataclasses
+    import subprocess
+
+    from filelock import FileLock
+
+    from mistill.repro.replicates import run_replicates
+
+    repo, config = _counting_repo(tmp_path)
+    config = dataclasses.replace(config, replicates=(Replicate("one", threads=1), Replicate("two", threads=2)))
+    subprocess.run([sys.executable, "-m", "dvc", "init", "--no-scm", "-q"], cwd=repo, check=True)
+    (repo / "scratch").mkdir()
+    logged: list[str] = []
+    with FileLock(repo / "scratch" / "one.lock"):              # another process is running replicate one
+        done = run_replicates(repo, config, log=logged.append)
+    assert set(done) == {"two"} and "one: running in another process, left to it" in logged
+    assert not (repo / "out" / "one").exists()
+    done = run_replicates(repo, config, log=logged.append)     # it ended (here: without finishing)
+    assert set(done) == {"one", "two"} and (repo / "out" / "one" / "R-X.json").exists()
+
+
 def test_a_refreshed_workspace_keeps_its_dvc_state_and_a_half_built_one_starts_over(tmp_path):
     repo, config = _counting_repo(tmp_path)
     data = load_all(repo / "params.yaml")

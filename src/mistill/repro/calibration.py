@@ -528,7 +528,13 @@ def cmd_run(args) -> int:
     params = load_params()
     config = CalibrationConfig.from_params(params)
     registry = load_registry()
-    dirs = run_replicates(Path("."), config)[:len(config.replicates)]   # held-out ones are checked, not measured
+    done = run_replicates(Path("."), config)
+    elsewhere = [r.name for r in config.replicates + config.held_out if r.name not in done]
+    if elsewhere:
+        print(f"{', '.join(elsewhere)}: running in other processes; the last of them to finish measures the "
+              "spreads (or rerun `mistill repro calibrate run` once they have ended)")
+        return 0
+    dirs = [done[r.name] for r in config.replicates]        # held-out ones are checked, not measured
     spreads = measure_spreads(registry, params["profile"], dirs, config.results, config.reference)
     write_spreads(config.out / SPREAD_FILE, spreads, dirs, config.family_alpha, config.reference)
     moved = sum(1 for s in spreads if s.spread > 0)

@@ -53,6 +53,7 @@ from pathlib import Path
 from typing import Any
 
 import yaml
+from filelock import FileLock, Timeout
 
 from mistill.errors import UserError
 from mistill.io import write_json
@@ -365,9 +366,13 @@ def check_stage_order(config: CalibrationConfig, deps_by_stage: dict[str, list[s
                                 f"it; list {later[0]} first")
 
 
-def run_replicates(repo: Path, config: CalibrationConfig, *, log=print) -> list[Path]:
-    """Run every replicate and held-out replicate not yet done; return their numbers files'
-    directories, replicates first."""
+def run_replicates(repo: Path, config: CalibrationConfig, *, log=print) -> dict[str, Path]:
+    """Run every replicate and held-out replicate not yet done and not held by another process; return the
+    numbers files' directory of each one done, by name.
+
+    Each replicate is run under a lock of its own (`<scratch>/<name>.lock`), so several processes may share
+    the work, on a machine with more cores: each runs the next replicate no other one holds, and leaves a
+    held one to the process that holds it."""
     from mistill.params import load_all
 
     if not config.replicates:
@@ -380,27 +385,47 @@ def run_replicates(repo: Path, config: CalibrationConfig, *, log=print) -> list[
     check_inputs_cover_deps(config, deps, outs)
     check_stage_order(config, deps, outs)
     data = load_all(repo / "params.yaml")
-    done_dirs = []
-    for rep in config.replicates + config.held_out:
-        out_dir = repo / config.out / rep.name
-        workspace = Workspace(repo / config.scratch / rep.name, rep)
-        workspace.build(repo, data, config)
-        if (out_dir / DONE_FILE).exists() and workspace.up_to_date(targets):
-            log(f"{rep.name}: done earlier, every stage up to date ({rep.describe()})")
-            done_dirs.append(out_dir)
-            continue
-        (out_dir / DONE_FILE).unlink(missing_ok=True)      # its numbers are stale until the rerun ends
-        log(f"{rep.name}: {rep.describe()}")
-        start = time.perf_counter()
-        times = workspace.run_stages(targets, log)
-        out_dir.mkdir(parents=True, exist_ok=True)
-        for rid in config.results:
-            source = workspace.root / "results" / f"{rid}.json"
-            if not source.exists():
-                raise UserError(f"calibration: replicate {rep.name} wrote no results/{rid}.json")
-            shutil.copy2(source, out_dir / source.name)
-        write_json(out_dir / DONE_FILE, {"replicate": asdict(rep), "perturbation": rep.describe(),
-                                         "held_out": rep in config.held_out, "machine": describe_machine(),
-                                         "wall_s": round(time.perf_counter() - start, 1), "stages": times})
-        done_dirs.append(out_dir)
-    return done_dirs
+    (repo / config.scratch).mkdir(parents=True, exist_ok=True)
+    done: dict[str, Path] = {}
+    pending = list(config.replicates + config.held_out)
+    for last_pass in (False, True):         # the second pass takes up what others have finished meanwhile
+        held_elsewhere = []
+        for rep in pending:
+            lock = FileLock(repo / config.scratch / f"{rep.name}.lock")
+            try:
+                lock.acquire(timeout=0)
+            except Timeout:
+                if last_pass:
+                    log(f"{rep.name}: running in another process, left to it")
+                held_elsewhere.append(rep)
+                continue
+            try:
+                done[rep.name] = _run_one(repo, config, rep, data, targets, log)
+            finally:
+                lock.release()
+        pending = held_elsewhere
+    return done
+
+
+def _run_one(repo: Path, config: CalibrationConfig, rep: Replicate, data: dict[str, Any],
+             targets: dict[str, str], log) -> Path:
+    out_dir = repo / config.out / rep.name
+    workspace = Workspace(repo / config.scratch / rep.name, rep)
+    workspace.build(repo, data, config)
+    if (out_dir / DONE_FILE).exists() and workspace.up_to_date(targets):
+        log(f"{rep.name}: done earlier, every stage up to date ({rep.describe()})")
+        return out_dir
+    (out_dir / DONE_FILE).unlink(missing_ok=True)      # its numbers are stale until the rerun ends
+    log(f"{rep.name}: {rep.describe()}")
+    start = time.perf_counter()
+    times = workspace.run_stages(targets, log)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    for rid in config.results:
+        source = workspace.root / "results" / f"{rid}.json"
+        if not source.exists():
+            raise UserError(f"calibration: replicate {rep.name} wrote no results/{rid}.json")
+        shutil.copy2(source, out_dir / source.name)
+    write_json(out_dir / DONE_FILE, {"replicate": asdict(rep), "perturbation": rep.describe(),
+                                     "held_out": rep in config.held_out, "machine": describe_machine(),
+                                     "wall_s": round(time.perf_counter() - start, 1), "stages": times})
+    return out_dir
