@@ -282,7 +282,7 @@ def test_replicates_on_another_machine_are_measured_from_its_own_unperturbed_run
     for level, name in zip(levels, REPLICATES):
         d = git_root / "artifacts" / "CAL" / name
         write_fixture(d, "R-D6", demo_values(**{**GOLDEN, "untrained_qwen_own_p2c_k40": level}), profile="demo")
-        (d / "replicate.json").write_text(json.dumps({"perturbation": name, "machine": "other (Intel Xeon)"}))
+        (d / "replicate.json").write_text(json.dumps({"perturbation": name, "cpu_type": "GenuineIntel family 6 model 207"}))
         dirs.append(d)
     registry = load_registry(git_root)
     key = "untrained_qwen_own_p2c_k40"
@@ -294,8 +294,8 @@ def test_replicates_on_another_machine_are_measured_from_its_own_unperturbed_run
     write_spreads(git_root / "spread.json", [spread], dirs, 0.05, reference)
     assert json.loads((git_root / "spread.json").read_text())["reference"] == str(reference)
 
-    (dirs[0] / "replicate.json").write_text(json.dumps({"perturbation": "threads-1", "machine": "vm (AMD EPYC)"}))
-    with pytest.raises(UserError, match="the replicates ran on different machines"):
+    (dirs[0] / "replicate.json").write_text(json.dumps({"perturbation": "threads-1", "cpu_type": "AuthenticAMD family 25"}))
+    with pytest.raises(UserError, match="the replicates ran on CPUs of different types"):
         measure_spreads(registry, "demo", dirs, ("R-D6",), reference)
     with pytest.raises(UserError, match="no R-D6.json"):
         measure_spreads(registry, "demo", dirs[1:], ("R-D6",), git_root / "calibration")

@@ -158,13 +158,13 @@ def measure_spreads(registry: Registry, profile: str, replicate_dirs: list[Path]
 
 
 def one_machine(replicate_dirs: list[Path], reference: Path) -> None:
-    """Refuse replicates run on different machines (replicate.json `machine`) when they are measured from
-    one machine's unperturbed run: each deviation would carry the distance between the machines too."""
-    machines = {d.name: read_json(d / "replicate.json").get("machine", "not recorded") for d in replicate_dirs}
-    if len(set(machines.values())) > 1:
-        listed = "; ".join(f"{name}: {machine}" for name, machine in machines.items())
-        raise UserError(f"calibration.reference {reference}: the replicates ran on different machines ({listed}); "
-                        "rerun them on the reference run's machine, or measure them from the goldens")
+    """Refuse replicates run on CPUs of different types (replicate.json `cpu_type`) when they are measured
+    from one machine's unperturbed run: each deviation would carry the distance between the CPUs too."""
+    types = {d.name: read_json(d / "replicate.json").get("cpu_type", "not recorded") for d in replicate_dirs}
+    if len(set(types.values())) > 1:
+        listed = "; ".join(f"{name}: {cpu}" for name, cpu in types.items())
+        raise UserError(f"calibration.reference {reference}: the replicates ran on CPUs of different types "
+                        f"({listed}); rerun them on the reference run's CPU type, or measure them from the goldens")
 
 
 def measured_elements(spreads: list[Spread]) -> int:

@@ -15,16 +15,35 @@ from pathlib import Path
 CPUINFO = Path("/proc/cpuinfo")
 
 
-def cpu_model(cpuinfo: Path = CPUINFO) -> str:
-    """The CPU's model name (Linux's /proc/cpuinfo), else what the platform reports, else "unknown CPU"."""
+def _first_cpu(cpuinfo: Path) -> dict[str, str]:
+    """The fields of the first processor in Linux's /proc/cpuinfo ({} where there is none)."""
+    fields: dict[str, str] = {}
     try:
         for line in cpuinfo.read_text(encoding="utf-8", errors="replace").splitlines():
             name, _, value = line.partition(":")
-            if name.strip() == "model name" and value.strip():
-                return value.strip()
+            if not name.strip() and fields:
+                break                       # the blank line after the first processor
+            fields.setdefault(name.strip(), value.strip())
     except OSError:
         pass
-    return platform.processor() or "unknown CPU"
+    return fields
+
+
+def cpu_model(cpuinfo: Path = CPUINFO) -> str:
+    """The CPU's model name (Linux's /proc/cpuinfo), else what the platform reports, else "unknown CPU"."""
+    return _first_cpu(cpuinfo).get("model name") or platform.processor() or "unknown CPU"
+
+
+def cpu_type(cpuinfo: Path = CPUINFO) -> str:
+    """What makes two machines compute alike: the CPU's vendor, family and model numbers (a model name such
+    as "Intel(R) Xeon(R) Processor" can stand for several), the kernels torch dispatches to and the core
+    count; not the host's name or kernel release, which a rebuilt machine of the same type may change."""
+    cpu = _first_cpu(cpuinfo)
+    numbers = (f"{cpu.get('vendor_id', '')} family {cpu['cpu family']} model {cpu['model']}"
+               if "cpu family" in cpu and "model" in cpu else cpu_model(cpuinfo))
+    capability = torch_cpu_capability()
+    kernels = f", torch CPU capability {capability}" if capability else ""
+    return f"{numbers.strip()}{kernels}, {os.cpu_count()} CPUs"
 
 
 def torch_cpu_capability() -> str | None:

@@ -57,7 +57,7 @@ from filelock import FileLock, Timeout
 
 from mistill.errors import UserError
 from mistill.io import write_json
-from mistill.repro.machine import describe_machine
+from mistill.repro.machine import cpu_type, describe_machine
 from mistill.repro.pipeline import pipeline_files, stage_addresses
 
 # What a replicate workspace needs besides its inputs: the pipeline files (mistill.repro.pipeline), the
@@ -427,5 +427,6 @@ def _run_one(repo: Path, config: CalibrationConfig, rep: Replicate, data: dict[s
         shutil.copy2(source, out_dir / source.name)
     write_json(out_dir / DONE_FILE, {"replicate": asdict(rep), "perturbation": rep.describe(),
                                      "held_out": rep in config.held_out, "machine": describe_machine(),
+                                     "cpu_type": cpu_type(),
                                      "wall_s": round(time.perf_counter() - start, 1), "stages": times})
     return out_dir
