@@ -42,6 +42,17 @@ def write_fixture(results_dir: Path, result_id: str, values: dict, profile: str 
     return path
 
 
+def bless_demo(root: Path, result_id: str, values: dict) -> Path:
+    """`values` written as `result_id`'s numbers file under root/results and blessed as its demo goldens;
+    returns the demo's expected-values file (results/expected/demo.yaml)."""
+    from mistill.cli import main
+
+    results = root / "results"
+    write_fixture(results, result_id, values, profile="demo")
+    assert main(["repro", "bless", result_id, "--profile", "demo", "--results", str(results)]) == 0
+    return results / "expected" / "demo.yaml"
+
+
 def commit_all(root: Path, *, init: bool = False) -> None:
     """Commit every file under `root` (a throwaway repository; `init` creates it)."""
     def git(*args: str) -> None:

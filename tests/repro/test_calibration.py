@@ -28,7 +28,7 @@ from mistill.repro.calibration import (
 from mistill.repro.check import FAIL, PASS, run_check
 from mistill.repro.registry import load_registry
 from mistill.repro.tolerance import within_range
-from tests.repro.repro_helpers import REPO, commit_all, write_fixture
+from tests.repro.repro_helpers import REPO, bless_demo, commit_all, write_fixture
 
 LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
 
@@ -231,10 +231,7 @@ def test_a_recalibration_forgets_the_last_one_and_a_second_machines_mark(git_roo
     """A value measured again is held to what the new spread asks, floored at its class tolerance and not
     at the last calibration's; a second machine's "not yet measured" mark goes, a mark for another reason stays."""
     monkeypatch.chdir(git_root)
-    results = git_root / "results"
-    write_fixture(results, "R-D6", demo_values(**GOLDEN), profile="demo")
-    assert main(["repro", "bless", "R-D6", "--profile", "demo", "--results", str(results)]) == 0
-    demo_yaml = results / "expected" / "demo.yaml"
+    demo_yaml = bless_demo(git_root, "R-D6", demo_values(**GOLDEN))
     data = yaml.load(demo_yaml.read_text(), Loader=LOADER)
     level, diff, teacher = (data["expected"]["R-D6"][key] for key in GOLDEN)
     level["tolerance"] = {"absolute": 0.5, "basis": "calibrated: 4 x an earlier spread"}
@@ -272,9 +269,7 @@ def test_replicates_on_another_machine_are_measured_from_its_own_unperturbed_run
     """The spread of replicates run away from the goldens' machine is their RMS deviation from that machine's
     unperturbed run, not from the golden: the distance between the machines is left to test the tolerance."""
     monkeypatch.chdir(git_root)
-    results = git_root / "results"
-    write_fixture(results, "R-D6", demo_values(**GOLDEN), profile="demo")
-    assert main(["repro", "bless", "R-D6", "--profile", "demo", "--results", str(results)]) == 0
+    bless_demo(git_root, "R-D6", demo_values(**GOLDEN))
     reference = git_root / "calibration" / "machines" / "other" / "results"
     write_fixture(reference, "R-D6", demo_values(**{**GOLDEN, "untrained_qwen_own_p2c_k40": 0.80}), profile="demo")
     levels = [0.79, 0.81, 0.80, 0.805]

@@ -24,7 +24,7 @@ from mistill.repro.second_machine import (
     measure_moves,
 )
 from mistill.repro.tolerance import Tolerance, within_range
-from tests.repro.repro_helpers import REPO, commit_all, md_cells, write_fixture
+from tests.repro.repro_helpers import REPO, bless_demo, commit_all, md_cells, write_fixture
 
 LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
 CLASS_TOL = Tolerance(absolute=0.02, relative=0.05, cls="T", basis="class default")
@@ -99,9 +99,7 @@ def _machine(root, values):
 def test_machine_run_end_to_end_through_check_and_rebless(git_root, monkeypatch):
     monkeypatch.chdir(git_root)
     results = git_root / "results"
-    write_fixture(results, "R-D7", _demo(**GOLDEN), profile="demo")
-    assert main(["repro", "bless", "R-D7", "--profile", "demo", "--results", str(results)]) == 0
-    demo_yaml = results / "expected" / "demo.yaml"
+    demo_yaml = bless_demo(git_root, "R-D7", _demo(**GOLDEN))
     data = yaml.load(demo_yaml.read_text(), Loader=LOADER)
     data["expected"]["R-D7"]["calibrated_level"]["tolerance"] = {"absolute": 0.5, "basis": "calibrated: test"}
     demo_yaml.write_text(yaml.safe_dump(data, sort_keys=False))
