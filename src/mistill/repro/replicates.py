@@ -37,7 +37,8 @@ links to the inputs) and keeps the workspace's own DVC state, so DVC decides wha
 a killed calibration resumes stage by stage, and a replicate whose numbers were written
 (`replicate.json`) is skipped only while `dvc status` finds all its stages up to date. After a
 re-bless from new inputs, or a change of the code a stage depends on, the stages that read them
-run again instead of the old numbers being reused.
+run again instead of the old numbers being reused. Each replicate runs under a lock of its own, so
+on a machine with more cores several `mistill repro calibrate run` processes share the replicates.
 """
 
 from __future__ import annotations
@@ -409,6 +410,8 @@ def run_replicates(repo: Path, config: CalibrationConfig, *, log=print) -> dict[
 
 def _run_one(repo: Path, config: CalibrationConfig, rep: Replicate, data: dict[str, Any],
              targets: dict[str, str], log) -> Path:
+    """One replicate, under its lock: its workspace laid out again, its stages run unless DVC finds them all
+    current and its numbers were written, its numbers copied out; returns their directory."""
     out_dir = repo / config.out / rep.name
     workspace = Workspace(repo / config.scratch / rep.name, rep)
     workspace.build(repo, data, config)
