@@ -288,13 +288,18 @@ def mark(entry: dict[str, Any], c: CalibratedValue) -> None:
         entry["descriptive"] = {"range": c.range, "why": DESCRIPTIVE_WHY}
 
 
+def expected_data(registry: Registry, profile: str) -> tuple[Path, dict[str, Any]]:
+    """The profile's expected-values file and its raw mapping, as bless writes it."""
+    data_path = expected_path(registry.root, profile)
+    with data_path.open(encoding="utf-8") as fh:
+        return data_path, yaml.safe_load(fh) or {}
+
+
 def calibratable_expected(registry: Registry, profile: str) -> tuple[Path, dict[str, Any]]:
     """The profile's expected-values file and its contents, if its goldens may be calibrated from this tree."""
     from mistill.repro.bless import refuse_uncommitted_code
 
-    data_path = expected_path(registry.root, profile)
-    with data_path.open(encoding="utf-8") as fh:
-        data = yaml.safe_load(fh) or {}
+    data_path, data = expected_data(registry, profile)
     if not (data.get("meta") or {}).get("blessable", False):
         raise UserError(f"{data_path}: profile {profile!r} holds fixed expected values; nothing to calibrate")
     refuse_uncommitted_code(registry.root, registry.root / "results")
@@ -322,6 +327,8 @@ def apply_calibration(registry: Registry, profile: str, spread_path: Path) -> li
     stats = {(s.result_id, s.key): data["expected"][s.result_id][s.key].get("stat", "") for s in spreads}
     floors = {(s.result_id, s.key): class_floor(registry, profile, s.result_id, s.key) for s in spreads}
     alpha, elements = float(calibration["family_alpha"]), int(calibration["elements"])
+    reference = calibration.get("reference", "the goldens")
+    centre = "the golden" if reference == "the goldens" else f"the unperturbed run {reference}"
     calibrated = calibrate(spreads, lambda k: family_multiple(alpha, elements, k), kinds, floors, stats)
     # an invariant keeps its own tolerance and value: what it checks is the invariant, not the run
     calibrated = [c for c in calibrated
@@ -331,7 +338,7 @@ def apply_calibration(registry: Registry, profile: str, spread_path: Path) -> li
         if c.tolerance is not None:
             names = ", ".join(f"{n} ({calibration['replicates'][n]})" for n in c.replicates)
             entry["tolerance"] = {"absolute": c.tolerance, "basis": (
-                f"{CALIBRATED}: {c.multiple:.3g} x the RMS deviation from the golden over {len(c.replicates)} "
+                f"{CALIBRATED}: {c.multiple:.3g} x the RMS deviation from {centre} over {len(c.replicates)} "
                 f"replicates (the Student-t quantile that holds a run's {elements} calibrated elements to a "
                 f"chance of {alpha:g} of any breach): {names}")}
         mark(entry, c)
@@ -375,7 +382,7 @@ def class_floor(registry: Registry, profile: str, result_id: str, key: str) -> f
 def calibrated_multiple(registry: Registry, profile: str) -> float:
     """The multiple of the spread that the goldens' calibration applied with every replicate
     (meta.calibration.multiple of the expected values)."""
-    data = yaml.safe_load(expected_path(registry.root, profile).read_text(encoding="utf-8")) or {}
+    _, data = expected_data(registry, profile)
     multiple = ((data.get("meta") or {}).get("calibration") or {}).get("multiple")
     if multiple is None:
         raise UserError(f"results/expected/{profile}.yaml records no calibration: run "
