@@ -10,6 +10,7 @@ import yaml
 from mistill.cli import main
 from mistill.errors import UserError
 from mistill.repro.calibration import (
+    CLASS_HELD,
     DESCRIPTIVE_WHY,
     CalibratedValue,
     Spread,
@@ -27,6 +28,7 @@ from mistill.repro.calibration import (
 )
 from mistill.repro.check import FAIL, PASS, run_check
 from mistill.repro.registry import load_registry
+from mistill.repro.second_machine import unmeasured
 from mistill.repro.tolerance import within_range
 from tests.repro.repro_helpers import REPO, bless_demo, commit_all, write_fixture
 
@@ -93,12 +95,15 @@ def test_calibrate_marks_what_a_replicate_can_flip():
     out = {c.key: c for c in calibrate(spreads, lambda k: 4.0, kinds)}
     assert set(out) == {"level", "difference"}
     assert out["level"] == CalibratedValue("R-D6", "level", round_up(4 * spreads[0].spread), False, None,
-                                           multiple=4.0, replicates=("r0", "r1", "r2", "r3"))
+                                           multiple=4.0, replicates=("r0", "r1", "r2", "r3"),
+                                           measured=round_up(4 * spreads[0].spread))
     assert out["level"].tolerance == pytest.approx(0.03)
     assert out["difference"].descriptive and out["difference"].range == [-1.0, 1.0]
     # a floor the tolerance does not exceed keeps the present one: a calibration never narrows
-    assert "level" not in {c.key for c in calibrate(spreads, lambda k: 4.0, kinds, {("R-D6", "level"): 0.05})}
-    assert "level" in {c.key for c in calibrate(spreads, lambda k: 4.0, kinds, {("R-D6", "level"): 0.02})}
+    held = {c.key: c for c in calibrate(spreads, lambda k: 4.0, kinds, {("R-D6", "level"): 0.05})}["level"]
+    assert held.tolerance is None and held.measured == pytest.approx(0.03) and not held.descriptive
+    assert {c.key: c for c in calibrate(spreads, lambda k: 4.0, kinds, {("R-D6", "level"): 0.02})}[
+        "level"].tolerance == pytest.approx(0.03)
     # a moved value whose kept (wider) tolerance reaches zero is descriptive all the same
     small = _spread("small difference", 0.001, [0.002, 0.0, 0.0015, 0.0005])
     (kept,) = calibrate([small], lambda k: 4.0, {("R-D6", "small difference"): "share"},
@@ -254,10 +259,18 @@ def test_a_recalibration_forgets_the_last_one_and_a_second_machines_mark(git_roo
     apply_calibration(load_registry(git_root), "demo", spread_path)
 
     entries = yaml.load(demo_yaml.read_text(), Loader=LOADER)["expected"]["R-D6"]
-    assert "tolerance" not in entries["untrained_qwen_own_p2c_k40"]               # within its class tolerance again
+    level_rms = math.sqrt(np.mean((np.array(moved["level"]) - 0.71) ** 2))
+    # within its class tolerance again, written out as measured by the replicates
+    assert entries["untrained_qwen_own_p2c_k40"]["tolerance"] == {
+        "absolute": 0.02, "relative": 0.05,
+        "basis": f"{CLASS_HELD}, wider than 3.96 x the RMS deviation from the golden over 4 replicates (the "
+                 f"Student-t quantile that holds a run's 3 calibrated elements to a chance of 0.05 of any breach), "
+                 f"{round_up(family_multiple(0.05, 3, 4) * level_rms):g}: threads-1 (threads-1), jitter-1 (jitter-1), "
+                 f"jitter-2 (jitter-2), seed-1 (seed-1)"}
     assert "descriptive" not in entries["untrained_qwen_own_p2c_k40"]
     held = load_registry(git_root).expected("demo").values["R-D6"]
     assert held["untrained_qwen_own_p2c_k40"].tolerance.allowed(0.71) == pytest.approx(0.0355)   # 5% of 0.71
+    assert not unmeasured(held["untrained_qwen_own_p2c_k40"])     # measured: not a second machine's to mark
     diff_rms = math.sqrt(np.mean((np.array(moved["diff"]) + 0.14) ** 2))
     assert entries["qwen_mistill_minus_fp32_vanilla_p2c"]["tolerance"]["absolute"] == round_up(
         family_multiple(0.05, 3, 4) * diff_rms)

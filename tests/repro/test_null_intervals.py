@@ -68,7 +68,7 @@ def test_calibrate_marks_a_moved_interval_that_contains_zero_as_null():
     kinds = {("R-D18", s.key): "share" for s in spreads}
     out = {c.key: c for c in calibrate(spreads, lambda k: 4.0, kinds)}
     assert out[KEY] == CalibratedValue("R-D18", KEY, 0.048, False, None, null_interval=True, multiple=4.0,
-                                       replicates=("r0", "r1"))
+                                       replicates=("r0", "r1"), measured=0.048)
     assert not out[GAIN].null_interval and not out[GAIN].descriptive and out[GAIN].tolerance == 0.048
 
 

@@ -28,9 +28,11 @@ correlated. A multiple sized per value is not enough: 4 x RMS over five replicat
 chance 1.0% per value (|t_5| > 4), 1.4 breaches per run over 136 calibrated values, and a fresh
 clone's `nox -s repro` would fail more often than not. Each replicate more shrinks m_k (about 10 for
 k = 5 and n = 300, 6 for k = 10).
-A calibration never narrows a tolerance: where 4 x RMS is within what the value's class tolerance
-already allows (a value the replicates barely moved; four replicates can under-state the spread of
-a metric that moves in steps), the class tolerance stays.
+A calibration never narrows a tolerance: where m_k x spread is within what the value's class
+tolerance already allows (a value the replicates barely moved; a few replicates can under-state the
+spread of a metric that moves in steps), the class tolerance stays, written out with a basis that
+says the replicates measured it (CLASS_HELD). The value is then known to be measured: a second
+machine's run (second_machine.py) judges only the values no replicate measured.
 
 A value the replicates move whose tolerance, calibrated or kept, reaches zero from its golden
 (``tolerance >= |g_e|`` for some element) does not say on another machine what it says here: a difference of arms whose sign a replicate
@@ -73,10 +75,11 @@ from mistill.repro.check import run_check
 from mistill.repro.machine import describe_machine
 from mistill.repro.numbers import read_numbers
 from mistill.repro.registry import Registry, expected_path, statistic_words
-from mistill.repro.tolerance import flatten, says_null, shape
+from mistill.repro.tolerance import Tolerance, flatten, says_null, shape
 
 SPREAD_FILE = "spread.json"
 CALIBRATED = "calibrated"
+CLASS_HELD = f"{CALIBRATED}: its class tolerance"     # a measured value whose class tolerance is the wider
 UNMEASURED = "not yet measured by the replicates"    # how a second machine's mark begins (second_machine.py)
 
 
@@ -231,6 +234,7 @@ class CalibratedValue:
     null_interval: bool = False    # an interval that contains zero: checked for still containing it
     multiple: float = 0.0          # m_k of the module docstring, and the k replicates it was measured over
     replicates: tuple[str, ...] = ()
+    measured: float = 0.0          # m_k x spread, rounded up: what the replicates asked for
 
 
 def reaches_zero(tolerance: float, golden: list[float]) -> bool:
@@ -241,11 +245,11 @@ def reaches_zero(tolerance: float, golden: list[float]) -> bool:
 def calibrate(spreads: list[Spread], multiple: Callable[[int], float], kinds: dict[tuple[str, str], str],
               floors: dict[tuple[str, str], float] | None = None,
               stats: dict[tuple[str, str], str] | None = None) -> list[CalibratedValue]:
-    """The tolerance and descriptive mark of every value its replicates moved beyond its floor (the
-    distance its present tolerance already allows, when given); `multiple(k)` is m_k for a value k
-    replicates produced. An interval of a difference that contains zero stays a null interval only
-    while every replicate's interval contains zero too; one that a replicate moved off zero says
-    different things on different machines: descriptive."""
+    """The tolerance and marks of every value its replicates moved: m_k x spread where that exceeds its
+    floor (the distance its present tolerance already allows, when given), else None (the floor stays);
+    `multiple(k)` is m_k for a value k replicates produced. An interval of a difference that contains zero
+    stays a null interval only while every replicate's interval contains zero too; one that a replicate
+    moved off zero says different things on different machines: descriptive."""
     out = []
     floors, stats = floors or {}, stats or {}
     for s in spreads:
@@ -261,13 +265,11 @@ def calibrate(spreads: list[Spread], multiple: Callable[[int], float], kinds: di
             descriptive = not null
         else:
             null, descriptive = False, reaches_zero(max(measured, floor), golden)
-            if tol is None and not descriptive:
-                continue
         seen = golden + [x for v in s.replicates.values() for x in (flatten(v) or [])]
         where = (s.result_id, s.key)
         bounds = kind_range(kinds[where], seen, stats.get(where, "")) if descriptive else None
         out.append(CalibratedValue(s.result_id, s.key, tol, descriptive, bounds, null_interval=null,
-                                   multiple=m, replicates=tuple(s.replicates)))
+                                   multiple=m, replicates=tuple(s.replicates), measured=measured))
     return out
 
 
@@ -279,7 +281,11 @@ DESCRIPTIVE_WHY = ("its replicates move it and its tolerance reaches zero from t
 
 
 def mark(entry: dict[str, Any], c: CalibratedValue) -> None:
-    """Write a calibrated value's marks into its expected-values entry (replacing the old ones)."""
+    """Write a calibrated value's mark, if it has one, into its expected-values entry (replacing the old
+    ones); a value the calibration held to a number keeps a mark set for another reason (forget_calibration
+    has taken the calibration's own)."""
+    if not (c.null_interval or c.descriptive):
+        return
     entry.pop("descriptive", None)
     entry.pop("null_interval", None)
     if c.null_interval:
@@ -335,12 +341,15 @@ def apply_calibration(registry: Registry, profile: str, spread_path: Path) -> li
                   if not tolerance_basis(data["expected"][c.result_id][c.key]).startswith("invariant")]
     for c in calibrated:
         entry = data["expected"][c.result_id][c.key]
+        names = ", ".join(f"{n} ({calibration['replicates'][n]})" for n in c.replicates)
+        spread = (f"{c.multiple:.3g} x the RMS deviation from {centre} over {len(c.replicates)} replicates (the "
+                  f"Student-t quantile that holds a run's {elements} calibrated elements to a chance of {alpha:g} "
+                  f"of any breach)")
         if c.tolerance is not None:
-            names = ", ".join(f"{n} ({calibration['replicates'][n]})" for n in c.replicates)
-            entry["tolerance"] = {"absolute": c.tolerance, "basis": (
-                f"{CALIBRATED}: {c.multiple:.3g} x the RMS deviation from {centre} over {len(c.replicates)} "
-                f"replicates (the Student-t quantile that holds a run's {elements} calibrated elements to a "
-                f"chance of {alpha:g} of any breach): {names}")}
+            entry["tolerance"] = {"absolute": c.tolerance, "basis": f"{CALIBRATED}: {spread}: {names}"}
+        elif "tolerance" not in entry:    # a tolerance of its own that no calibration set stays as it is
+            entry["tolerance"] = {**class_tolerance(registry, profile, c.result_id, c.key).to_spec(),
+                                  "basis": f"{CLASS_HELD}, wider than {spread}, {c.measured:g}: {names}"}
         mark(entry, c)
     adopt_twins(data["expected"])
     widen_ratio_ranges(data["expected"])
@@ -375,8 +384,14 @@ def class_floor(registry: Registry, profile: str, result_id: str, key: str) -> f
     exp = registry.expected(profile).values[result_id][key]
     tol = exp.tolerance
     if tol.basis.startswith(CALIBRATED):    # a re-calibration is floored at the class, not at the last one
-        tol = registry.default_tolerance(exp.cls.split(","), exp.kind, where=f"{result_id}.{key}")
+        tol = class_tolerance(registry, profile, result_id, key)
     return min((tol.allowed(g) for g in flatten(exp.value) or []), default=0.0)
+
+
+def class_tolerance(registry: Registry, profile: str, result_id: str, key: str) -> Tolerance:
+    """The default tolerance of a value's nondeterminism classes and kind (registry.yaml)."""
+    exp = registry.expected(profile).values[result_id][key]
+    return registry.default_tolerance(exp.cls.split(","), exp.kind, where=f"{result_id}.{key}")
 
 
 def calibrated_multiple(registry: Registry, profile: str) -> float:
