@@ -2,6 +2,8 @@
 
 import json
 import math
+import subprocess
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -307,6 +309,48 @@ def test_replicates_on_another_machine_are_measured_from_its_own_unperturbed_run
         measure_spreads(registry, "demo", dirs, ("R-D6",), reference)
     with pytest.raises(UserError, match="no R-D6.json"):
         measure_spreads(registry, "demo", dirs[1:], ("R-D6",), git_root / "calibration")
+
+
+def test_apply_tests_the_tolerances_on_the_reference_run_the_goldens_machine_did_not_make(git_root, monkeypatch,
+                                                                                           capsys):
+    """Replicates measured from another CPU's unperturbed run leave the distance between that CPU and the goldens'
+    untouched by the sizing: `calibrate apply` checks the reference run against the new tolerances and fails on
+    a breach, as it does for a held-out replicate."""
+    monkeypatch.chdir(git_root)
+    bless_demo(git_root, "R-D6", demo_values(**GOLDEN))
+    reference = Path("calibration") / "machines" / "other" / "results"
+    levels = [0.79, 0.81, 0.80, 0.805]                  # RMS 0.0075 about the reference's 0.80
+    for name, level in zip(REPLICATES, levels):
+        d = Path("artifacts") / "CAL" / name
+        write_fixture(d, "R-D6", demo_values(**{**GOLDEN, "untrained_qwen_own_p2c_k40": level}), profile="demo")
+        (d / "replicate.json").write_text(json.dumps({"perturbation": name, "cpu_type": "one CPU"}))
+    replicates = {name: {"threads": 1} for name in REPLICATES}
+    Path("params.yaml").write_text(yaml.safe_dump({"demo": {"calibration": {
+        "scratch": "scratch", "out": "artifacts/CAL", "inputs": [], "stages": ["R-D6"], "results": ["R-D6"],
+        "family_alpha": 0.05, "reference": str(reference), "replicates": replicates}}, "profile": "demo"}))
+    dirs = [Path("artifacts") / "CAL" / name for name in REPLICATES]
+
+    def apply_with_reference_at(level: float) -> int:
+        write_fixture(reference, "R-D6", demo_values(**{**GOLDEN, "untrained_qwen_own_p2c_k40": level}), profile="demo")
+        registry = load_registry(git_root)
+        spreads = measure_spreads(registry, "demo", dirs, ("R-D6",), reference)
+        write_spreads(Path("artifacts") / "CAL" / "spread.json", spreads, dirs, 0.05, reference)
+        commit_all(git_root)
+        return main(["repro", "calibrate", "apply"])
+
+    # m_4 x RMS = 2.78 x 0.0075 for the one moved element, within its class tolerance 0.0355 about the golden
+    # 0.71, which does not reach 0.80
+    assert apply_with_reference_at(0.80) == 1
+    out = capsys.readouterr().out
+    assert f"the reference run {reference} (the replicates' CPU, not the goldens'): " in out
+    assert "  R-D6.untrained_qwen_own_p2c_k40: FAIL" in out
+    subprocess.run(["git", "checkout", "-q", "--", "results/expected/demo.yaml"], cwd=git_root, check=True)
+    levels_about = [x - 0.09 for x in levels]           # the same spread about a reference at the golden
+    for name, level in zip(REPLICATES, levels_about):
+        write_fixture(Path("artifacts") / "CAL" / name, "R-D6",
+                      demo_values(**{**GOLDEN, "untrained_qwen_own_p2c_k40": level}), profile="demo")
+    assert apply_with_reference_at(0.71) == 0
+    assert "FAIL" not in capsys.readouterr().out
 
 
 def test_apply_refuses_spreads_measured_against_other_goldens(git_root, monkeypatch):

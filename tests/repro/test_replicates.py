@@ -281,6 +281,9 @@ def test_a_replicate_another_process_holds_is_left_to_it(tmp_path):
     assert not (repo / "out" / "one").exists()
     done = run_replicates(repo, config, log=logged.append)     # it ended (here: without finishing)
     assert set(done) == {"one", "two"} and (repo / "out" / "one" / "R-X.json").exists()
+    logged.clear()
+    assert set(run_replicates(repo, config, config.replicates[1:], log=logged.append)) == {"two"}   # those asked for
+    assert logged == ["two: done earlier, every stage up to date (2 thread(s))"]
 
 
 def test_a_refreshed_workspace_keeps_its_dvc_state_and_a_half_built_one_starts_over(tmp_path):

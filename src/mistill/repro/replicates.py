@@ -19,8 +19,8 @@ The perturbations (`calibration.replicates`, one mapping per replicate):
   ``ONEDNN_MAX_CPU_ISA=AVX512_CORE_VNNI`` and ``MKL_ENABLE_INSTRUCTIONS=AVX512``, which make
   oneDNN and MKL take the kernels of a CPU without AVX512-BF16 and AMX.
 
-`calibration.held_out` lists replicates of the same form that are run but never measured: they
-test the calibrated tolerances on a perturbation the calibration did not see (the demo's emulates
+`calibration.held_out` lists replicates of the same form that are run, after the others, but never
+measured: they test the calibrated tolerances on a perturbation the calibration did not see (the demo's emulates
 the instruction set of a second machine on which an uncalibrated run failed).
 
 A replicate runs in a scratch workspace of its own (`<calibration.scratch>/<name>`): a DVC
@@ -367,9 +367,10 @@ def check_stage_order(config: CalibrationConfig, deps_by_stage: dict[str, list[s
                                 f"it; list {later[0]} first")
 
 
-def run_replicates(repo: Path, config: CalibrationConfig, *, log=print) -> dict[str, Path]:
-    """Run every replicate and held-out replicate not yet done and not held by another process; return the
-    numbers files' directory of each one done, by name.
+def run_replicates(repo: Path, config: CalibrationConfig, replicates: tuple[Replicate, ...] | None = None, *,
+                   log=print) -> dict[str, Path]:
+    """Run each of `replicates` (default: every replicate, then every held-out one) not yet done and not held by
+    another process; return the numbers files' directory of each one done, by name.
 
     Each replicate is run under a lock of its own (`<scratch>/<name>.lock`), so several processes may share
     the work, on a machine with more cores: each runs the next replicate no other one holds, and leaves a
@@ -388,7 +389,7 @@ def run_replicates(repo: Path, config: CalibrationConfig, *, log=print) -> dict[
     data = load_all(repo / "params.yaml")
     (repo / config.scratch).mkdir(parents=True, exist_ok=True)
     done: dict[str, Path] = {}
-    pending = list(config.replicates + config.held_out)
+    pending = list(config.replicates + config.held_out if replicates is None else replicates)
     for last_pass in (False, True):         # the second pass takes up what others have finished meanwhile
         held_elsewhere = []
         for rep in pending:
