@@ -265,9 +265,9 @@ def test_a_recalibration_forgets_the_last_one_and_a_second_machines_mark(git_roo
     # within its class tolerance again, written out as measured by the replicates
     assert entries["untrained_qwen_own_p2c_k40"]["tolerance"] == {
         "absolute": 0.02, "relative": 0.05,
-        "basis": f"{CLASS_HELD}, wider than 3.96 x the RMS deviation from the golden over 4 replicates (the "
-                 f"Student-t quantile that holds a run's 3 calibrated elements to a chance of 0.05 of any breach), "
-                 f"{round_up(family_multiple(0.05, 3, 4) * level_rms):g}: threads-1 (threads-1), jitter-1 (jitter-1), "
+        "basis": f"{CLASS_HELD}, wider than {round_up(family_multiple(0.05, 3, 4) * level_rms):g} = 3.96 x the RMS "
+                 f"deviation from the golden over 4 replicates (the Student-t quantile that holds a run's 3 calibrated "
+                 f"elements to a chance of 0.05 of any breach): threads-1 (threads-1), jitter-1 (jitter-1), "
                  f"jitter-2 (jitter-2), seed-1 (seed-1)"}
     assert "descriptive" not in entries["untrained_qwen_own_p2c_k40"]
     held = load_registry(git_root).expected("demo").values["R-D6"]

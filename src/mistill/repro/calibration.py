@@ -349,7 +349,7 @@ def apply_calibration(registry: Registry, profile: str, spread_path: Path) -> li
             entry["tolerance"] = {"absolute": c.tolerance, "basis": f"{CALIBRATED}: {spread}: {names}"}
         elif "tolerance" not in entry:    # a tolerance of its own that no calibration set stays as it is
             entry["tolerance"] = {**class_tolerance(registry, profile, c.result_id, c.key).to_spec(),
-                                  "basis": f"{CLASS_HELD}, wider than {spread}, {c.measured:g}: {names}"}
+                                  "basis": f"{CLASS_HELD}, wider than {c.measured:g} = {spread}: {names}"}
         mark(entry, c)
     adopt_twins(data["expected"])
     widen_ratio_ranges(data["expected"])
