@@ -111,6 +111,11 @@ def test_calibrate_marks_what_a_replicate_can_flip():
     (kept,) = calibrate([small], lambda k: 4.0, {("R-D6", "small difference"): "share"},
                         {("R-D6", "small difference"): 0.02})
     assert kept.tolerance is None and kept.descriptive and kept.range == [-1.0, 1.0]
+    # a range holds the reference run's value too: a difference of recoveries it put below -1 is no proportion
+    near = Spread("R-D30", "pair intervals", [-0.998, -0.59], {"r0": [-0.95, -0.5], "r1": [-0.99, -0.6]},
+                  [0.03, 0.07], 0.07, reference=[-1.0037, -0.61])
+    (unbounded,) = calibrate([near], lambda k: 20.0, {("R-D30", "pair intervals"): "share"})
+    assert unbounded.descriptive and unbounded.range == [-math.inf, math.inf]
 
 
 def test_the_multiple_is_the_student_t_quantile_of_a_family_wise_breach_chance():

@@ -265,7 +265,9 @@ def calibrate(spreads: list[Spread], multiple: Callable[[int], float], kinds: di
             descriptive = not null
         else:
             null, descriptive = False, reaches_zero(max(measured, floor), golden)
-        seen = golden + [x for v in s.replicates.values() for x in (flatten(v) or [])]
+        # what a range must hold: every value seen, the reference run's too (a difference of recoveries that
+        # one run put below -1 is not a proportion, whatever its kind)
+        seen = golden + [x for v in [*s.replicates.values(), s.reference] for x in (flatten(v) or [])]
         where = (s.result_id, s.key)
         bounds = kind_range(kinds[where], seen, stats.get(where, "")) if descriptive else None
         out.append(CalibratedValue(s.result_id, s.key, tol, descriptive, bounds, null_interval=null,
@@ -325,7 +327,8 @@ def apply_calibration(registry: Registry, profile: str, spread_path: Path) -> li
             if current["value"] != rec["golden"]:
                 raise UserError(f"{spread_path}: {rid}.{key} was measured against golden {rec['golden']!r}, "
                                 f"the goldens now hold {current['value']!r}; rerun the calibration")
-            spreads.append(Spread(rid, key, rec["golden"], rec["replicates"], rec["rms"], rec["spread"]))
+            spreads.append(Spread(rid, key, rec["golden"], rec["replicates"], rec["rms"], rec["spread"],
+                                  reference=rec.get("reference")))
     for s in spreads:
         if s.spread > 0:
             forget_calibration(data["expected"][s.result_id][s.key])
