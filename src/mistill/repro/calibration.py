@@ -345,14 +345,14 @@ def apply_calibration(registry: Registry, profile: str, spread_path: Path) -> li
     for c in calibrated:
         entry = data["expected"][c.result_id][c.key]
         names = ", ".join(f"{n} ({calibration['replicates'][n]})" for n in c.replicates)
-        spread = (f"{c.multiple:.3g} x the RMS deviation from {centre} over {len(c.replicates)} replicates (the "
+        sizing = (f"{c.multiple:.3g} x the RMS deviation from {centre} over {len(c.replicates)} replicates (the "
                   f"Student-t quantile that holds a run's {elements} calibrated elements to a chance of {alpha:g} "
                   f"of any breach)")
         if c.tolerance is not None:
-            entry["tolerance"] = {"absolute": c.tolerance, "basis": f"{CALIBRATED}: {spread}: {names}"}
+            entry["tolerance"] = {"absolute": c.tolerance, "basis": f"{CALIBRATED}: {sizing}: {names}"}
         elif "tolerance" not in entry:    # a tolerance of its own that no calibration set stays as it is
             entry["tolerance"] = {**class_tolerance(registry, profile, c.result_id, c.key).to_spec(),
-                                  "basis": f"{CLASS_HELD}, wider than {c.measured:g} = {spread}: {names}"}
+                                  "basis": f"{CLASS_HELD}, wider than {c.measured:g} = {sizing}: {names}"}
         mark(entry, c)
     adopt_twins(data["expected"])
     widen_ratio_ranges(data["expected"])
