@@ -12,6 +12,7 @@ import yaml
 from mistill.cli import main
 from mistill.errors import UserError
 from mistill.repro.calibration import (
+    BREACHED,
     CLASS_HELD,
     DESCRIPTIVE_WHY,
     CalibratedValue,
@@ -239,15 +240,17 @@ def test_calibration_end_to_end_through_check_and_rebless(git_root, monkeypatch)
     assert "descriptive in [-1, 1]" in (git_root / "REGISTRY.md").read_text()
 
 
-def test_a_recalibration_forgets_the_last_one_and_a_second_machines_mark(git_root, monkeypatch):
+@pytest.mark.parametrize("last_mark", [DESCRIPTIVE_WHY, f"{BREACHED}: calibrated to ±0.5, a run on x moved it by 0.7"])
+def test_a_recalibration_forgets_the_last_one_and_a_second_machines_mark(git_root, monkeypatch, last_mark):
     """A value measured again is held to what the new spread asks, floored at its class tolerance and not
-    at the last calibration's; a second machine's "not yet measured" mark goes, a mark for another reason stays."""
+    at the last calibration's; the last calibration's marks and a second machine's ("not yet measured",
+    "moved beyond the replicates' spread") go, a mark for another reason stays."""
     monkeypatch.chdir(git_root)
     demo_yaml = bless_demo(git_root, "R-D6", demo_values(**GOLDEN))
     data = yaml.load(demo_yaml.read_text(), Loader=LOADER)
     level, diff, teacher = (data["expected"]["R-D6"][key] for key in GOLDEN)
     level["tolerance"] = {"absolute": 0.5, "basis": "calibrated: 4 x an earlier spread"}
-    level["descriptive"] = {"range": [-1.0, 1.0], "why": DESCRIPTIVE_WHY}
+    level["descriptive"] = {"range": [-1.0, 1.0], "why": last_mark}
     diff["descriptive"] = {"range": [-1.0, 1.0], "why": "not yet measured by the replicates; a run on x moved it"}
     teacher["descriptive"] = {"range": [-1.0, 1.0], "why": "wall-clock time of the machine that ran it"}
     demo_yaml.write_text(yaml.safe_dump(data, sort_keys=False))

@@ -19,6 +19,7 @@ from mistill.repro.second_machine import (
     NULL,
     MachineRun,
     apply_machine_run,
+    breached_calibration,
     contradicted_null,
     judge,
     measure_moves,
@@ -70,6 +71,24 @@ def test_a_null_interval_the_other_machine_moved_off_zero_becomes_descriptive():
     assert contradicted_null(null, [0.1]) is None                      # not comparable
 
 
+def test_a_calibrated_value_the_other_machine_breaches_becomes_descriptive():
+    calibrated = Tolerance(absolute=0.03, cls="T", basis="calibrated: 12 x the RMS deviation of five replicates")
+    level = Expected("R-D6", "smollm_mistill_own_p2c_seeds", [0.057, 0.2, 0.31], "share", "share", "T", calibrated)
+    breached = breached_calibration(level, [-0.062, 0.21, 0.3])          # seed 0 moved 0.119 > 0.03
+    assert breached.outcome == DESCRIPTIVE and breached.breached and breached.measured
+    assert (breached.move, breached.allowed, breached.range) == (pytest.approx(0.119), 0.03, [-1.0, 1.0])
+    assert breached_calibration(level, [0.08, 0.18, 0.33]) is None        # every element within 0.03: still a number
+    # only a calibrated number is judged: a class tolerance is the unmeasured rule's, a mark is kept as it is
+    assert breached_calibration(expected("level", 0.5), 0.9) is None
+    described = Expected("R-D6", "x", 0.5, "share", "share", "T", calibrated, descriptive=(-1.0, 1.0))
+    assert breached_calibration(described, 0.9) is None
+    null = Expected("R-D6", "d_interval", [-0.1, 0.2], "95% interval", "share", "T", calibrated,
+                    null_interval_why="contains zero")
+    assert breached_calibration(null, [0.5, 0.9]) is None                 # contradicted_null's to judge
+    assert breached_calibration(level, [0.1, 0.2]) is None                # not comparable
+    assert breached_calibration(Expected("R-D6", "y", 0.4, "share", "share", "T", calibrated), 0.5).breached  # a scalar
+
+
 def test_one_run_cannot_size_a_tolerance():
     """The docstring's figure: with iid deviations, P(|third| > m |one run|) = (2/pi) arctan(1/m)."""
     rng = np.random.default_rng(0)
@@ -84,9 +103,9 @@ def _demo(**kv):
 
 
 GOLDEN = {"qwen_randpos_own_p2c": 0.42, "randboth_minus_randpos": 0.31, "randboth_minus_randpos_interval": [-0.05, 0.6],
-          "qwen_untrained_own_p2c": 0.71, "calibrated_level": 0.4}
+          "qwen_untrained_own_p2c": 0.71, "calibrated_level": 0.4, "calibrated_breached": 0.4}
 OTHER = {"qwen_randpos_own_p2c": 0.124, "randboth_minus_randpos": 0.53, "randboth_minus_randpos_interval": [-0.01, 0.7],
-         "qwen_untrained_own_p2c": 0.71 + 1e-7, "calibrated_level": 0.1}
+         "qwen_untrained_own_p2c": 0.71 + 1e-7, "calibrated_level": 0.1, "calibrated_breached": 0.1}
 
 
 def _machine(root, values):
@@ -102,6 +121,7 @@ def test_machine_run_end_to_end_through_check_and_rebless(git_root, monkeypatch)
     demo_yaml = bless_demo(git_root, "R-D7", _demo(**GOLDEN))
     data = yaml.load(demo_yaml.read_text(), Loader=LOADER)
     data["expected"]["R-D7"]["calibrated_level"]["tolerance"] = {"absolute": 0.5, "basis": "calibrated: test"}
+    data["expected"]["R-D7"]["calibrated_breached"]["tolerance"] = {"absolute": 0.2, "basis": "calibrated: test"}
     demo_yaml.write_text(yaml.safe_dump(data, sort_keys=False))
     run = _machine(git_root, OTHER)
     registry = load_registry(git_root)
@@ -111,13 +131,18 @@ def test_machine_run_end_to_end_through_check_and_rebless(git_root, monkeypatch)
     moves = {m.key: m for m in apply_machine_run(registry, "demo", run, 4.0)}
     assert {k: m.outcome for k, m in moves.items()} == {
         "qwen_randpos_own_p2c": DESCRIPTIVE, "randboth_minus_randpos": DESCRIPTIVE,
-        "randboth_minus_randpos_interval": NULL, "qwen_untrained_own_p2c": KEPT}   # the calibrated one is not judged
+        "randboth_minus_randpos_interval": NULL, "qwen_untrained_own_p2c": KEPT,
+        "calibrated_breached": DESCRIPTIVE}              # a calibrated value is judged only where it is breached
     entries = yaml.load(demo_yaml.read_text(), Loader=LOADER)
     marked = entries["expected"]["R-D7"]
     assert marked["qwen_randpos_own_p2c"]["descriptive"]["range"] == [-1.0, 1.0]
     assert "moved it by 0.296" in marked["qwen_randpos_own_p2c"]["descriptive"]["why"]
     assert "null_interval" in marked["randboth_minus_randpos_interval"]
     assert "descriptive" not in marked["qwen_untrained_own_p2c"] and "descriptive" not in marked["calibrated_level"]
+    assert marked["calibrated_breached"]["descriptive"]["why"].startswith(
+        "a CPU change moved it beyond the replicates' spread: calibrated to ±0.2, a run on other-cpu (another CPU) "
+        "moved it by 0.3")
+    assert marked["calibrated_breached"]["tolerance"]["basis"] == "calibrated: test"   # a re-calibration drops both
     assert entries["meta"]["machines"]["other-cpu"]["cpu"] == "another CPU"
     assert entries["meta"]["machines"]["other-cpu"]["results"] == "calibration/machines/other-cpu/results"
 
@@ -129,7 +154,8 @@ def test_machine_run_end_to_end_through_check_and_rebless(git_root, monkeypatch)
     assert rows["`randboth_minus_randpos_interval`"].startswith("a null finding")
     assert rows["`qwen_untrained_own_p2c`"] == "a number held to its tolerance (±max(0.02, 5%))"
     assert rows["`calibrated_level`"] == "a finding (the interval excludes zero)"
-    assert len(findings_table(registry, "demo", ("R-D7",)).splitlines()) == 2 + 4   # without `every`: no kept value
+    assert rows["`calibrated_breached`"].startswith("descriptive (a CPU change moved it beyond the replicates' spread")
+    assert len(findings_table(registry, "demo", ("R-D7",)).splitlines()) == 2 + 5   # without `every`: no kept value
     assert not run_check(registry, "demo", results, ["R-D7"]).failed       # and so does the goldens' run
 
     def verdicts(**values):

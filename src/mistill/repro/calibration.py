@@ -81,6 +81,7 @@ SPREAD_FILE = "spread.json"
 CALIBRATED = "calibrated"
 CLASS_HELD = f"{CALIBRATED}: its class tolerance"     # a measured value whose class tolerance is the wider
 UNMEASURED = "not yet measured by the replicates"    # how a second machine's mark begins (second_machine.py)
+BREACHED = "a CPU change moved it beyond the replicates' spread"   # ... its mark on a calibrated value
 
 
 @dataclass(frozen=True)
@@ -370,12 +371,12 @@ def apply_calibration(registry: Registry, profile: str, spread_path: Path) -> li
 def forget_calibration(entry: dict[str, Any]) -> None:
     """Take from a value the replicates measure again what a calibration, or a second machine standing in for
     one, gave it: a calibrated tolerance (its own or a twin's), the marks calibrate() sets and a machine's
-    "not yet measured" mark. What the new spread asks for is then written afresh; a value it leaves within
+    marks ("not yet measured", "moved beyond the replicates' spread"). What the new spread asks for is then written afresh; a value it leaves within
     its class tolerance is held to that again. A mark for another reason stays."""
     if tolerance_basis(entry).startswith(CALIBRATED):
         entry.pop("tolerance")
     why = str((entry.get("descriptive") or {}).get("why", ""))
-    if why == DESCRIPTIVE_WHY or why.startswith(UNMEASURED):
+    if why == DESCRIPTIVE_WHY or why.startswith((UNMEASURED, BREACHED)):
         entry.pop("descriptive")
     if str((entry.get("null_interval") or {}).get("why", "")).startswith(NULL_CHECK):
         entry.pop("null_interval")

@@ -1,4 +1,4 @@
-"""A second machine's run: the values it moved that no replicate has measured are only described.
+"""A second machine's run: the values it moved further than the replicates measured are only described.
 
 The replicates (`replicates.py`) size the tolerances of the results they rerun: the main arms of
 the distillation chain. The rest of the chain is not rerun by them (a replicate of the grid would be
@@ -25,7 +25,11 @@ and no mark yet, with ``move = max over elements |other_e - golden_e|``:
 
 A null interval, from the replicates or from an earlier run, that the other machine's interval leaves
 by more than the tolerance of its ends (the check's rule) is descriptive too: whether the demo shows
-the difference is not settled.
+the difference is not settled. So is a calibrated value whose tolerance the other machine breaches:
+the replicates' perturbations stand in for a CPU change, and for this value they moved it less than a
+real one did, so its spread is not measured after all. (When the other machine is the one the
+replicates ran on, `calibration.reference`, its run no longer tests those values' tolerances: they
+are marked from it.)
 
 A value the other machine did not produce is left as it is; a numbers file of another profile is an
 error. `mistill repro calibrate machine <dir>` applies the rule and records the run in the expected
@@ -45,6 +49,7 @@ import yaml
 from mistill.errors import UserError
 from mistill.io import code_version
 from mistill.repro.calibration import (
+    BREACHED,
     CALIBRATED,
     NULL_WHY,
     UNMEASURED,
@@ -56,7 +61,7 @@ from mistill.repro.calibration import (
 )
 from mistill.repro.numbers import read_numbers
 from mistill.repro.registry import Expected, Registry
-from mistill.repro.tolerance import contains_zero, flat_numbers, flatten, says_null, shape
+from mistill.repro.tolerance import compare, contains_zero, flat_numbers, flatten, says_null, shape
 
 MACHINE_FILE = "machine.yaml"
 KEPT, NULL, DESCRIPTIVE = "kept", "null interval", "descriptive"
@@ -100,6 +105,12 @@ class MachineMove:
     range: list[float] | None = None
     any_length: bool = False       # the other machine's list has another length
     off_zero: bool = False         # a null interval that the other machine's interval no longer contains zero
+    breached: bool = False         # a calibrated tolerance the other machine's value breaches
+
+    @property
+    def measured(self) -> bool:
+        """Whether the value had been measured (a null interval or a calibrated tolerance) before this run."""
+        return self.off_zero or self.breached
 
 
 def unmeasured(exp: Expected) -> bool:
@@ -149,9 +160,24 @@ def contradicted_null(exp: Expected, other: Any) -> MachineMove | None:
                        kind_range(exp.kind, golden + got, exp.stat), off_zero=True)
 
 
+def breached_calibration(exp: Expected, other: Any) -> MachineMove | None:
+    """A calibrated value (not a null interval, not descriptive) whose tolerance the other machine's value
+    breaches: descriptive from now on, since a CPU change moved it further than the replicates did."""
+    if (not exp.tolerance.basis.startswith(CALIBRATED) or exp.descriptive is not None
+            or exp.null_interval_why is not None or flatten(other) is None or shape(other) != shape(exp.value)):
+        return None
+    if compare(exp.value, other, exp.tolerance).passed:
+        return None
+    golden, got = flatten(exp.value), flatten(other)
+    move = max(abs(g - o) for g, o in zip(golden, got))
+    allowed = min(exp.tolerance.allowed(g) for g in golden)
+    return MachineMove(exp.result_id, exp.key, move, allowed, DESCRIPTIVE,
+                       kind_range(exp.kind, golden + got, exp.stat), breached=True)
+
+
 def measure_moves(registry: Registry, profile: str, run: MachineRun, multiple: float) -> list[MachineMove]:
-    """One MachineMove per unmeasured expected value that the other machine produced, and one per null
-    interval it moved off zero."""
+    """One MachineMove per unmeasured expected value that the other machine produced, one per null
+    interval it moved off zero and one per calibrated tolerance it breached."""
     expected = registry.expected(profile).values
     moves = []
     for path in sorted(run.results.glob("R-*.json")):
@@ -162,7 +188,10 @@ def measure_moves(registry: Registry, profile: str, run: MachineRun, multiple: f
             if key not in numbers.values:
                 continue
             other = numbers.values[key]["value"]
-            judged = judge(exp, other, multiple) if unmeasured(exp) else contradicted_null(exp, other)
+            if unmeasured(exp):
+                judged = judge(exp, other, multiple)
+            else:
+                judged = contradicted_null(exp, other) or breached_calibration(exp, other)
             if judged is not None:
                 moves.append(judged)
     return moves
@@ -172,6 +201,9 @@ def why(run: MachineRun, m: MachineMove, multiple: float) -> str:
     if m.off_zero:
         return (f"a 95% interval of a difference that contains zero here, and not on {run.name} ({run.cpu}): "
                 f"whether the demo shows the difference depends on the machine, so it is only described")
+    if m.breached:
+        return (f"{BREACHED}: calibrated to ±{m.allowed:.3g}, a run on {run.name} ({run.cpu}) moved it by "
+                f"{m.move:.3g}; checked for presence and range until a calibration measures a spread that holds")
     if m.any_length:
         return (f"{UNMEASURED}; a run on {run.name} ({run.cpu}) gave a list of another "
                 f"length (a walk that stopped elsewhere): checked for presence and range, of any length, until "
@@ -234,9 +266,10 @@ def cmd_machine(args) -> int:
     verb = "would mark" if args.dry_run else "marked"
     if args.readme is not None and not args.dry_run:
         rewrite_value_checks(args.readme, load_registry(), params["profile"])
-    unmeasured_moves = [m for m in moves if not m.off_zero]
+    unmeasured_moves = [m for m in moves if not m.measured]
     print(f"{run.name} ({run.cpu}): {len(unmeasured_moves)} unmeasured values compared, "
           f"{sum(m.move > 0 for m in unmeasured_moves)} moved, {len(moves) - len(marked)} kept (moved at most "
           f"1/{multiple:g} of their tolerance), {verb} {len(marked)} (of which "
-          f"{len(moves) - len(unmeasured_moves)} null intervals it moved off zero)")
+          f"{sum(m.off_zero for m in moves)} null intervals it moved off zero and "
+          f"{sum(m.breached for m in moves)} calibrated tolerances it breached)")
     return 0
