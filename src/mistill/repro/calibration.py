@@ -371,8 +371,9 @@ def apply_calibration(registry: Registry, profile: str, spread_path: Path) -> li
 def forget_calibration(entry: dict[str, Any]) -> None:
     """Take from a value the replicates measure again what a calibration, or a second machine standing in for
     one, gave it: a calibrated tolerance (its own or a twin's), the marks calibrate() sets and a machine's
-    marks ("not yet measured", "moved beyond the replicates' spread"). What the new spread asks for is then written afresh; a value it leaves within
-    its class tolerance is held to that again. A mark for another reason stays."""
+    marks ("not yet measured", "moved beyond the replicates' spread"). What the new spread asks for is then
+    written afresh; a value it leaves within its class tolerance is held to that again. A mark for another
+    reason stays."""
     if tolerance_basis(entry).startswith(CALIBRATED):
         entry.pop("tolerance")
     why = str((entry.get("descriptive") or {}).get("why", ""))
