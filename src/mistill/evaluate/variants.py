@@ -41,6 +41,9 @@ from mistill.stats import StatsParams
 
 # the main arms a variant is compared with: readout arm name -> Table 3 row (without the student's family)
 REFERENCES = {"mistill": "mistill", "vanilla": "vanilla_fp32", "untrained": "untrained"}
+# The untrained student has no training seed: each stage writes its one run at seed 0 (readout's module
+# docstring), so a variant of any seed is compared with that run.
+UNTRAINED_SEED = 0
 
 
 def across(arm: dict[str, float], reference: dict[str, float], stats: StatsParams) -> dict | None:
@@ -98,21 +101,26 @@ class VariantReadout:
         """The paper's k8: the smallest."""
         return min(self.cfg.bins)
 
+    def arm_seed(self, arm: str) -> int:
+        """The seed the arm's artifacts carry: the variant's, but the untrained student's one run at any seed."""
+        return UNTRAINED_SEED if arm == "untrained" else self.seed
+
     def where(self, arm: str) -> str:
         root, label = self.arms[arm]
-        return f"{root}/M6/{label}-s{self.seed}"
+        return f"{root}/M6/{label}-s{self.arm_seed(arm)}"
 
     def _at_seed(self, values: dict[int, dict[str, float]], arm: str) -> dict[int, dict[str, float]]:
-        if self.seed not in values:
+        """The arm's values at its seed, keyed by the variant's, so that a comparison pairs them."""
+        if self.arm_seed(arm) not in values:
             raise UserError(f"{self.where(arm)}: not read; run its own-heads chain")
-        return {self.seed: values[self.seed]}
+        return {self.seed: values[self.arm_seed(arm)]}
 
     # -- own heads (M4, M2) ----------------------------------------------------------------------------
     def recovery(self, arm: str, phase: str, k: int) -> dict[int, dict[str, float]]:
         """{seed: {note: mean recovery of the arm's own top-k at the phase}} at the variant's seed."""
         root, label = self.arms[arm]
         values = self._at_seed(arm_values(root, label, "m4", phase=phase, k=k, min_range=self.cfg.min_range), arm)
-        self.inputs.append(seed_dirs(root, label)[self.seed])
+        self.inputs.append(seed_dirs(root, label)[self.arm_seed(arm)])
         return values
 
     def own_median(self, arm: str, phase: str, k: int | None = None) -> float | None:
@@ -130,16 +138,16 @@ class VariantReadout:
         med = self.own_median(arm, phase, kk)
         return None if med is None else value(
             med, f"median over test notes of per-note mean recovery (own top-{kk}, {phase}, 1-nat gate), seed "
-            f"{self.seed}", self.where(arm))
+            f"{self.arm_seed(arm)}", self.where(arm))
 
     def lift_value(self, arm: str, phase: str) -> dict | None:
         lift = self.m2_lift(arm, phase)
         return None if lift is None else value(
             lift, f"M2 region lift of the own top-{self.cfg.readside_k} read-side heads at {phase}, median over test "
-            f"notes, seed {self.seed}", f"{self.where(arm)}/readside.json")
+            f"notes, seed {self.arm_seed(arm)}", f"{self.where(arm)}/readside.json")
 
     def f1_value(self, arm: str) -> dict:
-        return value(self.micro_f1(arm), f"corpus micro-F1 on the test notes, seed {self.seed}",
+        return value(self.micro_f1(arm), f"corpus micro-F1 on the test notes, seed {self.arm_seed(arm)}",
                      f"{self.evaluation(arm).path}/task.json")
 
     def f1_versus_values(self, key: str, what: str, reference: str, arm: str = "variant") -> dict[str, dict]:
@@ -187,10 +195,10 @@ class VariantReadout:
 
     # -- which heads -----------------------------------------------------------------------------------
     def hd_dir(self, arm: str) -> Path:
-        """The arm's own head ranking (HD-S).  The untrained student has no training seed: its one ranking is
-        the seed-0 pass every run's pools are built from (params distill.student_head_sets)."""
+        """The arm's own head ranking (HD-S); the untrained student's is the one pass every run's pools are
+        built from (params distill.student_head_sets)."""
         root, label = self.arms[arm]
-        return root / "HD-S" / f"{label}-s{0 if arm == 'untrained' else self.seed}"
+        return root / "HD-S" / f"{label}-s{self.arm_seed(arm)}"
 
     def own_top(self, arm: str, k: int | None = None) -> dict[str, frozenset[int]]:
         """phase -> the arm's own top-k heads by I_c (flat index layer * n_heads + head)."""
@@ -218,7 +226,7 @@ class VariantReadout:
         """{note: M2 region lift of the own top read-side heads at the phase} at the variant's seed."""
         root, label = self.arms[arm]
         values = self._at_seed(arm_values(root, label, "m2", phase=phase), arm)
-        self.inputs.append(seed_dirs(root, label)[self.seed])
+        self.inputs.append(seed_dirs(root, label)[self.arm_seed(arm)])
         return values[self.seed]
 
     def m2_lift(self, arm: str, phase: str) -> float | None:
@@ -230,9 +238,9 @@ class VariantReadout:
         root, label = self.arms[arm]
         evals = root / "DT-eval" if root == self.arms["variant"][0] else eval_root(self.params)
         # LAS lives where stage LAS writes every arm's (<artifacts>/LAS), as for the baselines
-        run = load_arm(evals, label, las_root=eval_root(self.params).parent / LAS_DIR).get(self.seed)
+        run = load_arm(evals, label, las_root=eval_root(self.params).parent / LAS_DIR).get(self.arm_seed(arm))
         if run is None:
-            raise UserError(f"{evals}/{label}-s{self.seed}: not evaluated; run its evaluation stage")
+            raise UserError(f"{evals}/{label}-s{self.arm_seed(arm)}: not evaluated; run its evaluation stage")
         self.inputs += run.files()
         return run
 
