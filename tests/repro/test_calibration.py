@@ -448,3 +448,22 @@ def test_the_committed_goldens_hold_a_number_to_one_tolerance_wherever_it_is_rep
     committed = (REPO / "results" / "expected" / "demo.yaml").read_text()
     data = yaml.load(committed, Loader=LOADER)["expected"]
     assert adopt_twins(data) and data == yaml.load(committed, Loader=LOADER)["expected"]   # applied already
+
+
+def test_a_result_a_replicate_does_not_read_is_measured_over_the_others(git_root, monkeypatch):
+    """A replicate's `not_read` results have no numbers file in its directory: their values' spreads are the
+    other replicates' RMS deviation, over that many replicates."""
+    monkeypatch.chdir(git_root)
+    bless_demo(git_root, "R-D6", demo_values(**GOLDEN))
+    levels = [0.69, 0.73, 0.70, 0.72]
+    dirs = []
+    for level, name in zip(levels, REPLICATES):
+        d = git_root / "artifacts" / "CAL" / name
+        write_fixture(d, "R-D6", demo_values(**{**GOLDEN, "untrained_qwen_own_p2c_k40": level}), profile="demo")
+        dirs.append(d)
+    (dirs[1] / "R-D6.json").unlink()                   # the seed-1 replicate of the demo leaves R-D12 so
+    key = "untrained_qwen_own_p2c_k40"
+    (spread,) = [s for s in measure_spreads(load_registry(git_root), "demo", dirs, ("R-D6",)) if s.key == key]
+    kept = [levels[0]] + levels[2:]
+    assert sorted(spread.replicates) == sorted(d.name for d in dirs if d != dirs[1])
+    assert spread.spread == pytest.approx(math.sqrt(np.mean((np.array(kept) - 0.71) ** 2)), rel=1e-12)

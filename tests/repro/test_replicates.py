@@ -261,6 +261,28 @@ def test_a_finished_replicate_is_reused_only_while_its_stages_are_up_to_date(tmp
     assert logged[0] == "one: 1 thread(s)" and json.loads(result.read_text()) == {"lines": 3}
 
 
+def test_a_replicate_leaves_out_the_results_it_does_not_read(tmp_path):
+    """`not_read`: the result's reader stage never runs in the replicate's workspace, and its directory holds no
+    numbers file of it (calibration.measure_spreads then measures the value over the other replicates)."""
+    import dataclasses
+    import subprocess
+
+    from mistill.repro.replicates import run_replicates
+
+    repo, config = _counting_repo(tmp_path)
+    config = dataclasses.replace(config, replicates=(Replicate("seed", train_seed=1, not_read=("R-X",)),))
+    subprocess.run([sys.executable, "-m", "dvc", "init", "--no-scm", "-q"], cwd=repo, check=True)
+    run_replicates(repo, config, log=lambda line: None)
+    assert (repo / "out" / "seed" / "replicate.json").is_file()
+    assert not (repo / "out" / "seed" / "R-X.json").exists()
+    assert not (repo / "scratch" / "seed" / "results" / "R-X.json").exists()
+
+    params = load_params(REPO / "params.yaml")
+    params["calibration"] = {**params["calibration"], "replicates": {"seed": {"train_seed": 1, "not_read": ["R-Q"]}}}
+    with pytest.raises(UserError, match="not_read: R-Q not in calibration.results"):
+        CalibrationConfig.from_params(params)
+
+
 def test_a_replicate_another_process_holds_is_left_to_it(tmp_path):
     """Several `calibrate run` processes share the replicates: each runs those no other one holds."""
     import dataclasses

@@ -127,8 +127,9 @@ def measure_spreads(registry: Registry, profile: str, replicate_dirs: list[Path]
     golden or, given `reference` (the numbers files of the replicates' machine's unperturbed run), from
     that run's value; a value the reference run did not produce in the golden's shape is not measured."""
     expected = registry.expected(profile).values
-    numbers = {d.name: {rid: read_numbers(d / f"{rid}.json", registry) for rid in results}
-               for d in replicate_dirs}
+    # a replicate's `not_read` results have no numbers file there: it produced none of their values
+    numbers = {d.name: {rid: read_numbers(d / f"{rid}.json", registry) for rid in results
+                        if (d / f"{rid}.json").is_file()} for d in replicate_dirs}
     centres = {}
     if reference is not None:
         one_machine(replicate_dirs, reference)
@@ -148,7 +149,7 @@ def measure_spreads(registry: Registry, profile: str, replicate_dirs: list[Path]
                 if centre is None or shape(centre) != shape(exp.value) or flatten(centre) is None:
                     continue
             produced = {name: per[rid].values[key]["value"] for name, per in numbers.items()
-                        if key in per[rid].values}
+                        if rid in per and key in per[rid].values}
             # A replicate that trains under another seed writes a per-seed list of the one seed it trained:
             # not the same quantity as the golden's list over the profile's seeds, so not a deviation of it.
             comparable = {name: v for name, v in produced.items() if shape(v) == shape(exp.value)}

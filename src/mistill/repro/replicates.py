@@ -19,6 +19,11 @@ The perturbations (`calibration.replicates`, one mapping per replicate):
   ``ONEDNN_MAX_CPU_ISA=AVX512_CORE_VNNI`` and ``MKL_ENABLE_INSTRUCTIONS=AVX512``, which make
   oneDNN and MKL take the kernels of a CPU without AVX512-BF16 and AMX.
 
+``not_read`` names results of `calibration.results` the replicate does not read: a ``train_seed``
+replicate trains one seed, and the seed readouts (seed-to-seed differences, the third seed's values)
+need the profile's seeds. Their reader stages are left out of its run, and their values' spreads
+come from the other replicates.
+
 `calibration.held_out` lists replicates of the same form that are run, after the others, but never
 measured: they test the calibrated tolerances on a perturbation the calibration did not see (the demo's emulates
 the instruction set of a second machine on which an uncalibrated run failed).
@@ -78,6 +83,7 @@ class Replicate:
     weight_jitter: float = 0.0
     jitter_seed: int = 0
     env: tuple[tuple[str, str], ...] = ()
+    not_read: tuple[str, ...] = ()     # results its perturbation leaves unreadable (the module docstring)
 
     def describe(self) -> str:
         parts = [" ".join(f"{k}={v}" for k, v in self.env)] if self.env else []
@@ -126,10 +132,14 @@ class CalibrationConfig:
         for rep in config.replicates + config.held_out:
             if rep.weight_jitter < 0 or (rep.threads is not None and rep.threads < 1):
                 raise UserError(f"params.yaml calibration.replicates.{rep.name}: weight_jitter >= 0 and threads >= 1")
+            unknown = [rid for rid in rep.not_read if rid not in config.results]
+            if unknown:
+                raise UserError(f"params.yaml calibration.replicates.{rep.name}.not_read: {', '.join(unknown)} "
+                                "not in calibration.results")
         return config
 
 
-REPLICATE_FIELDS = ("threads", "train_seed", "weight_jitter", "jitter_seed", "env")
+REPLICATE_FIELDS = ("threads", "train_seed", "weight_jitter", "jitter_seed", "env", "not_read")
 
 
 def _replicates(section: dict[str, Any] | None, where: str) -> tuple[Replicate, ...]:
@@ -143,7 +153,11 @@ def _replicates(section: dict[str, Any] | None, where: str) -> tuple[Replicate, 
         env = spec.pop("env", None) or {}
         if not isinstance(env, dict):
             raise UserError(f"params.yaml calibration.{where}.{name}.env: a mapping of variable -> value")
-        out.append(Replicate(name=str(name), env=tuple(sorted((str(k), str(v)) for k, v in env.items())), **spec))
+        not_read = spec.pop("not_read", None) or []
+        if not isinstance(not_read, list):
+            raise UserError(f"params.yaml calibration.{where}.{name}.not_read: a list of result ids")
+        out.append(Replicate(name=str(name), env=tuple(sorted((str(k), str(v)) for k, v in env.items())),
+                             not_read=tuple(str(rid) for rid in not_read), **spec))
     return tuple(out)
 
 
@@ -414,6 +428,7 @@ def _run_one(repo: Path, config: CalibrationConfig, rep: Replicate, data: dict[s
     """One replicate, under its lock: its workspace laid out again, its stages run unless DVC finds them all
     current and its numbers were written, its numbers copied out; returns their directory."""
     out_dir = repo / config.out / rep.name
+    targets = {stage: address for stage, address in targets.items() if stage not in rep.not_read}
     workspace = Workspace(repo / config.scratch / rep.name, rep)
     workspace.build(repo, data, config)
     if (out_dir / DONE_FILE).exists() and workspace.up_to_date(targets):
@@ -424,7 +439,7 @@ def _run_one(repo: Path, config: CalibrationConfig, rep: Replicate, data: dict[s
     start = time.perf_counter()
     times = workspace.run_stages(targets, log)
     out_dir.mkdir(parents=True, exist_ok=True)
-    for rid in config.results:
+    for rid in (r for r in config.results if r not in rep.not_read):
         source = workspace.root / "results" / f"{rid}.json"
         if not source.exists():
             raise UserError(f"calibration: replicate {rep.name} wrote no results/{rid}.json")
