@@ -464,6 +464,10 @@ def test_a_result_a_replicate_does_not_read_is_measured_over_the_others(git_root
         write_fixture(d, "R-D6", demo_values(**{**GOLDEN, "untrained_qwen_own_p2c_k40": level}), profile="demo")
         dirs.append(d)
     (dirs[1] / "R-D6.json").unlink()                   # the seed-1 replicate of the demo leaves R-D12 so
+    with pytest.raises(UserError, match=f"{dirs[1]}: no R-D6.json, and its replicate.json does not list"):
+        measure_spreads(load_registry(git_root), "demo", dirs, ("R-D6",))    # an unfinished replicate
+    (dirs[1] / "replicate.json").write_text(json.dumps({"perturbation": dirs[1].name,
+                                                        "replicate": {"name": dirs[1].name, "not_read": ["R-D6"]}}))
     key = "untrained_qwen_own_p2c_k40"
     (spread,) = [s for s in measure_spreads(load_registry(git_root), "demo", dirs, ("R-D6",)) if s.key == key]
     kept = [levels[0]] + levels[2:]

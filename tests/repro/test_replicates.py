@@ -279,7 +279,11 @@ def test_a_replicate_leaves_out_the_results_it_does_not_read(tmp_path):
 
     params = load_params(REPO / "params.yaml")
     params["calibration"] = {**params["calibration"], "replicates": {"seed": {"train_seed": 1, "not_read": ["R-Q"]}}}
-    with pytest.raises(UserError, match="not_read: R-Q not in calibration.results"):
+    with pytest.raises(UserError, match=r"calibration\.replicates\.seed\.not_read: R-Q not in calibration.results"):
+        CalibrationConfig.from_params(params)
+    params["calibration"] = {**params["calibration"], "held_out": {"later": {"threads": 0}}}
+    params["calibration"]["replicates"] = {}
+    with pytest.raises(UserError, match=r"calibration\.held_out\.later: weight_jitter >= 0 and threads >= 1"):
         CalibrationConfig.from_params(params)
 
 

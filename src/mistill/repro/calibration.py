@@ -127,9 +127,7 @@ def measure_spreads(registry: Registry, profile: str, replicate_dirs: list[Path]
     golden or, given `reference` (the numbers files of the replicates' machine's unperturbed run), from
     that run's value; a value the reference run did not produce in the golden's shape is not measured."""
     expected = registry.expected(profile).values
-    # a replicate's `not_read` results have no numbers file there: it produced none of their values
-    numbers = {d.name: {rid: read_numbers(d / f"{rid}.json", registry) for rid in results
-                        if (d / f"{rid}.json").is_file()} for d in replicate_dirs}
+    numbers = {d.name: replicate_numbers(d, results, registry) for d in replicate_dirs}
     centres = {}
     if reference is not None:
         one_machine(replicate_dirs, reference)
@@ -160,6 +158,23 @@ def measure_spreads(registry: Registry, profile: str, replicate_dirs: list[Path]
             spreads.append(Spread(rid, key, exp.value, comparable, rms, max(rms), other,
                                   reference=centre if reference is not None else None))
     return spreads
+
+
+def replicate_numbers(replicate_dir: Path, results: tuple[str, ...], registry: Registry) -> dict:
+    """The numbers files one replicate wrote for `results`. A result its `replicate.json` records under
+    `not_read` has none (its perturbation leaves it unreadable); any other missing file is an unfinished
+    or damaged replicate, refused rather than silently measured over fewer replicates."""
+    done = replicate_dir / "replicate.json"
+    not_read = read_json(done).get("replicate", {}).get("not_read", []) if done.is_file() else []
+    numbers = {}
+    for rid in results:
+        path = replicate_dir / f"{rid}.json"
+        if path.is_file():
+            numbers[rid] = read_numbers(path, registry)
+        elif rid not in not_read:
+            raise UserError(f"{replicate_dir}: no {rid}.json, and its replicate.json does not list {rid} "
+                            "under not_read; rerun `mistill repro calibrate run` to finish that replicate")
+    return numbers
 
 
 def one_machine(replicate_dirs: list[Path], reference: Path) -> None:

@@ -129,13 +129,14 @@ class CalibrationConfig:
             raise UserError("params.yaml calibration: replicates and held_out need distinct names")
         if not 0 < config.family_alpha < 1:
             raise UserError(f"params.yaml calibration.family_alpha must lie in (0, 1), got {config.family_alpha}")
-        for rep in config.replicates + config.held_out:
-            if rep.weight_jitter < 0 or (rep.threads is not None and rep.threads < 1):
-                raise UserError(f"params.yaml calibration.replicates.{rep.name}: weight_jitter >= 0 and threads >= 1")
-            unknown = [rid for rid in rep.not_read if rid not in config.results]
-            if unknown:
-                raise UserError(f"params.yaml calibration.replicates.{rep.name}.not_read: {', '.join(unknown)} "
-                                "not in calibration.results")
+        for where, reps in (("replicates", config.replicates), ("held_out", config.held_out)):
+            for rep in reps:
+                if rep.weight_jitter < 0 or (rep.threads is not None and rep.threads < 1):
+                    raise UserError(f"params.yaml calibration.{where}.{rep.name}: weight_jitter >= 0 and threads >= 1")
+                unknown = [rid for rid in rep.not_read if rid not in config.results]
+                if unknown:
+                    raise UserError(f"params.yaml calibration.{where}.{rep.name}.not_read: {', '.join(unknown)} "
+                                    "not in calibration.results")
         return config
 
 
