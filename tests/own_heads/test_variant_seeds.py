@@ -55,9 +55,11 @@ def test_a_seed_1_variant_is_paired_with_the_untrained_student_s_seed_0_run(seed
     expected = statistics.fmean(variant[n] - untrained[n] for n in NOTES)
     assert pair["randpos_minus_untrained"]["value"] == pytest.approx(expected)
     assert "-s0" in pair["randpos_minus_untrained"]["artifact"]
+    assert "P2C recovery, seed 1 against seed 0)" in pair["randpos_minus_untrained"]["statistic"]
 
 
 def test_the_trained_references_stay_at_the_variant_s_seed(seed1_randpos):
     readout, variant, _ = seed1_randpos
     pair = readout.paired_values("randpos_minus_mistill", "RandPos minus Mistill", "mistill")
     assert pair["randpos_minus_mistill"]["value"] == pytest.approx(statistics.fmean(v - 0.5 for v in variant.values()))
+    assert "P2C recovery, seed 1)" in pair["randpos_minus_mistill"]["statistic"]
