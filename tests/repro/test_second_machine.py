@@ -1,5 +1,6 @@
 """A second machine's run: values it moved that no replicate measured become descriptive; the rest keep their checks."""
 
+import json
 import math
 import shutil
 import subprocess
@@ -235,6 +236,32 @@ def test_the_committed_second_machine_run_passes_the_checks_it_was_applied_to(tm
                and (then.expected("demo").values[rid][key].descriptive is not None)
                and not now[rid][key].tolerance.basis.startswith(CALIBRATED)]
     assert dropped == []
+
+
+def test_the_fresh_clone_on_another_cpu_passes_every_required_value_it_was_checked_against(tmp_path):
+    """The fresh clone's whole `nox -s repro` on the Intel Xeon (calibration/machines/xeon-amx-fresh-clone),
+    checked against the goldens of the AMD EPYC and never applied to them: every required result is there and
+    every value passes."""
+    run = MachineRun.load(REPO / "calibration" / "machines" / "xeon-amx-fresh-clone")
+    then = goldens_when_applied("xeon-amx-fresh-clone", tmp_path)
+    report = run_check(then, "demo", run.results)
+    assert not report.failed, [f"{ln.result_id}.{ln.key}: {ln.detail}" for ln in report.lines if ln.fails]
+    assert report.count(PASS) == sum(len(keys) for keys in then.expected("demo").values.values())
+
+
+def test_two_runs_on_one_cpu_type_agree_bit_for_bit_but_for_the_machine_s_own_measures():
+    """The chain is deterministic on one CPU type: the two committed Xeon runs (two clones, two commits, a day
+    apart) hold equal numbers for every value they share, except R-D9's, which reads the runs' wall-clock
+    times and peak memory."""
+    machine_measures = {"R-D9"}
+    runs = [MachineRun.load(REPO / "calibration" / "machines" / name) for name in
+            ("xeon-amx-minilm", "xeon-amx-fresh-clone")]
+    first, second = ({path.stem: json.loads(path.read_text())["values"] for path in run.results.glob("R-*.json")}
+                     for run in runs)
+    shared = [(rid, key) for rid in first.keys() & second.keys() for key in first[rid].keys() & second[rid].keys()]
+    assert len(shared) > 1000
+    differ = sorted({rid for rid, key in shared if first[rid][key]["value"] != second[rid][key]["value"]})
+    assert differ == sorted(machine_measures)
 
 
 def test_a_list_of_another_length_is_described_at_any_length():
