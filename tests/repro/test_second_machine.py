@@ -1,6 +1,5 @@
 """A second machine's run: values it moved that no replicate measured become descriptive; the rest keep their checks."""
 
-import json
 import math
 import shutil
 import subprocess
@@ -13,6 +12,7 @@ from mistill.cli import main
 from mistill.errors import UserError
 from mistill.repro.calibration import CALIBRATED, calibrated_multiple, findings_table
 from mistill.repro.check import FAIL, PASS, run_check
+from mistill.repro.numbers import read_numbers
 from mistill.repro.registry import Expected, Registry, load_registry
 from mistill.repro.second_machine import (
     DESCRIPTIVE,
@@ -256,7 +256,8 @@ def test_two_runs_on_one_cpu_type_agree_bit_for_bit_but_for_the_machine_s_own_me
     machine_measures = {"R-D9"}
     runs = [MachineRun.load(REPO / "calibration" / "machines" / name) for name in
             ("xeon-amx-minilm", "xeon-amx-fresh-clone")]
-    first, second = ({path.stem: json.loads(path.read_text())["values"] for path in run.results.glob("R-*.json")}
+    registry = load_registry(REPO)
+    first, second = ({path.stem: read_numbers(path, registry).values for path in run.results.glob("R-*.json")}
                      for run in runs)
     shared = [(rid, key) for rid in first.keys() & second.keys() for key in first[rid].keys() & second[rid].keys()]
     assert len(shared) > 1000

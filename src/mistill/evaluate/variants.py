@@ -167,9 +167,8 @@ class VariantReadout:
         if c is None:
             return {}
         art = f"{self.where(arm)} vs {self.where(reference)}"
-        seeds = sorted({self.arm_seed(arm), self.arm_seed(reference)})
-        at = f"seed {seeds[0]}" if len(seeds) == 1 else \
-            f"seed {self.arm_seed(arm)} against seed {self.arm_seed(reference)}"
+        seed, reference_seed = self.arm_seed(arm), self.arm_seed(reference)
+        at = f"seed {seed}" if seed == reference_seed else f"seed {seed} against seed {reference_seed}"
         out = {key: value(c["mean_difference"], f"mean over notes of the per-note difference, {what} (own top-{kk} "
                           f"{phase} recovery, {at}); {c['notes_higher']} higher / {c['notes_lower']} lower "
                           f"of {c['n_notes']}, sign p {c['sign_p']:.3g}, Wilcoxon p {c['wilcoxon_p']:.3g}", art)}
