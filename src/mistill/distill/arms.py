@@ -22,7 +22,7 @@ from mistill.distill import buckets as bk
 from mistill.distill import objective as obj
 from mistill.distill.alignment import window_rows
 from mistill.distill.mechanism import NoteView, note_view, plan_rows, read_mechanism
-from mistill.distill.pooled_attention import SupervisedRows
+from mistill.distill.pooled_attention import RowPlan, SupervisedRows
 from mistill.distill.pools import Pool
 from mistill.errors import UserError
 
@@ -213,31 +213,53 @@ def mechanism_terms(mech: dict, batch: NoteBatch, arm: ArmConfig, device) -> dic
 
 def note_loss(model, batch: NoteBatch, arm: ArmConfig, pools: dict[str, Pool] | None = None,
               rows_hook: SupervisedRows | None = None) -> tuple[torch.Tensor, dict]:
-    """One note's loss under the arm, and a log of its pieces.
+    """One note's loss under the arm, and a log of its pieces (`notes_loss` of a group of one)."""
+    return notes_loss(model, [batch], arm, pools, rows_hook)[0]
 
-    For Mistill, `rows_hook` (SupervisedRows on the student's pooled layers) computes the pooled
-    rows inside the forward; it stays armed until the next note so the backward recompute finds
-    the same plan.
+
+def padded_ids(batches: list[NoteBatch], pad_id: int, device) -> torch.Tensor:
+    """[B, T_max] the notes' token ids, each right-padded to the longest with `pad_id`."""
+    ids = torch.full((len(batches), max(len(b.ids) for b in batches)), pad_id, dtype=batches[0].ids.dtype)
+    for row, batch in enumerate(batches):
+        ids[row, :len(batch.ids)] = batch.ids
+    return ids.to(device)
+
+
+def notes_loss(model, batches: list[NoteBatch], arm: ArmConfig, pools: dict[str, Pool] | None = None,
+               rows_hook: SupervisedRows | None = None) -> list[tuple[torch.Tensor, dict]]:
+    """Each note's loss under the arm and a log of its pieces, the notes in one forward.
+
+    The notes are right-padded to the longest.  Attention is causal, so no real position sees the
+    padding and each row's hidden states are those of the note's own forward (to the rounding of a
+    larger matrix product); every loss is then computed over the note's own length, as for a note
+    alone.  For Mistill, `rows_hook` (SupervisedRows on the student's pooled layers) computes each
+    note's pooled rows inside the forward; it stays armed until the next group so the backward
+    recompute finds the same plans.
     """
     device = next(model.parameters()).device
-    ids = batch.ids.to(device)[None]
-    plan = None
+    lengths = [len(b.ids) for b in batches]
+    ids = padded_ids(batches, model.config.pad_token_id or 0, device)
+    plans = None
     if arm.arm == "mistill":
-        plan = plan_rows(batch.view, batch.events, pools, pools["P1"], arm.window, device)
-        rows_hook.arm(plan.requests, plan.n_buckets)
+        plans = [plan_rows(b.view, b.events, pools, pools["P1"], arm.window, device) for b in batches]
+        rows_hook.arm_rows([RowPlan(p.requests, p.n_buckets, n) for p, n in zip(plans, lengths)])
     try:
-        hidden = model.model(input_ids=ids).last_hidden_state[0]
+        hidden = model.model(input_ids=ids).last_hidden_state
     finally:
         if rows_hook is not None:
             rows_hook.stop_recording()
-    cot, log = cot_loss(model, hidden, batch, arm)
-    if arm.arm == "vanilla":
-        return cot, {"loss": float(cot.detach()), "cot": float(cot.detach()), **log}
-    per_phase = mechanism_terms(read_mechanism(model, plan, rows_hook), batch, arm, device)
-    total = obj.mistill_loss(cot, per_phase, arm.lambda_p1, arm.lambda_p2)
-    log.update({"loss": float(total.detach()), "cot": float(cot.detach())})
-    for phase, terms in per_phase.items():
-        for name, value in terms.items():
-            log[f"{phase}_{name}"] = float(value.detach())
-    log["attn"] = sum(v for k, v in log.items() if k.endswith("_attn"))
-    return total, log
+    out = []
+    for row, (batch, length) in enumerate(zip(batches, lengths)):
+        cot, log = cot_loss(model, hidden[row, :length], batch, arm)
+        if arm.arm == "vanilla":
+            out.append((cot, {"loss": float(cot.detach()), "cot": float(cot.detach()), **log}))
+            continue
+        per_phase = mechanism_terms(read_mechanism(model, plans[row], rows_hook, row), batch, arm, device)
+        total = obj.mistill_loss(cot, per_phase, arm.lambda_p1, arm.lambda_p2)
+        log.update({"loss": float(total.detach()), "cot": float(cot.detach())})
+        for phase, terms in per_phase.items():
+            for name, value in terms.items():
+                log[f"{phase}_{name}"] = float(value.detach())
+        log["attn"] = sum(v for k, v in log.items() if k.endswith("_attn"))
+        out.append((total, log))
+    return out

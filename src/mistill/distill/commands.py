@@ -100,7 +100,8 @@ def train_config(section: dict, precision: str, seed: int, lr: float | None = No
                        warmup_frac=float(section["warmup_frac"]), clip=float(section["clip"]), precision=precision,
                        seed=seed, gradient_checkpointing=bool(section["gradient_checkpointing"]),
                        offload_checkpoints=bool(section.get("offload_checkpoints", False)),
-                       mlp_chunk=int(section.get("mlp_chunk", 0)), save_every=int(section.get("save_every", 1)))
+                       mlp_chunk=int(section.get("mlp_chunk", 0)), save_every=int(section.get("save_every", 1)),
+                       notes_per_forward=int(section.get("notes_per_forward", 1)))
 
 
 def run_identity(student_spec, teacher_spec, targets_dir: Path, manifest: dict) -> dict:

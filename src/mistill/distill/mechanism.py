@@ -125,14 +125,15 @@ def plan_rows(view: NoteView, events: list[dict], pools: dict[str, Pool], window
     return MechanismPlan(requests, view.tokens.axis.n_buckets, static, pairs)
 
 
-def read_mechanism(model, plan: MechanismPlan, rows_hook: SupervisedRows) -> dict:
-    """m, c and the pooled rows after a forward that ran with `rows_hook` armed with `plan`.
+def read_mechanism(model, plan: MechanismPlan, rows_hook: SupervisedRows, row: int = 0) -> dict:
+    """m, c and the pooled rows after a forward that ran with `rows_hook` armed with `plan` (at batch
+    row `row` of a forward that carried several notes).
 
     Returns {phase: {"rows", "m", "c", "margin", "event_index"} or None, "window": {"rows",
     "event_index", "distance"} or None}; gradients flow when the forward ran with grad enabled.
     """
-    results = rows_hook.collect()
-    final = rows_hook.final_input[0]
+    results = rows_hook.collect(row)
+    final = rows_hook.final_stream(row)
     norm = model.model.norm
     out: dict = {}
     for phase in PHASES:

@@ -172,6 +172,21 @@ class RowRequest:
     with_writes: bool = False
 
 
+def _batch_row(table: torch.Tensor, row: int) -> torch.Tensor:
+    """Row `row` of a [B, T, d] rotary table; a table of batch size one (positions shared) serves every row."""
+    return table[row if table.shape[0] > 1 else 0]
+
+
+@dataclass
+class RowPlan:
+    """One sequence's row requests in a (possibly padded) batch: its requests, its bucket count and
+    its real length (None: the whole padded width, a batch of one)."""
+
+    requests: list[RowRequest]
+    n_buckets: int
+    length: int | None = None
+
+
 class SupervisedRows:
     """Forward pre-hooks that compute the supervised rows inside each pooled layer's own forward.
 
@@ -185,6 +200,10 @@ layer's normalised input, keys and values are computed once per layer and shared
     the backward recompute (the checkpoint needs the same saved tensors); only the forward's results
     are kept (`recording`).  The final norm's input (the residual stream at every position) is
     kept for the margin direction of Eq. D.
+
+    A forward may carry several notes, right-padded to the longest (`arm_rows`): each batch row is
+    read over its own length only, so its keys, probabilities and buckets are the ones its own
+    forward would give (causal attention keeps the padding out of every real position).
     """
 
     def __init__(self, model, layers: Sequence[int], *, row_chunk: int = 256, nested_checkpoint: bool = True,
@@ -192,24 +211,33 @@ layer's normalised input, keys and values are computed once per layer and shared
         self.row_chunk = row_chunk
         self.nested_checkpoint = nested_checkpoint
         self.nested_min_elements = nested_min_elements
-        self.requests: list[RowRequest] = []
-        self.n_buckets = 0
-        self.results: dict[int, dict[str, tuple]] = {}
+        self.plans: list[RowPlan] = []
+        self.results: list[dict[int, dict[str, tuple]]] = []
         self.final_input: torch.Tensor | None = None
         self.recording = False
         self._handles = [decoder_layers(model)[i].register_forward_pre_hook(self._make_hook(i), with_kwargs=True)
                          for i in sorted(set(layers))]
         self._handles.append(model.model.norm.register_forward_pre_hook(self._final_hook))
 
+    @property
+    def requests(self) -> list[RowRequest]:
+        """The first (or only) batch row's requests."""
+        return self.plans[0].requests if self.plans else []
+
     def arm(self, requests: list[RowRequest], n_buckets: int) -> None:
-        self.requests, self.n_buckets = list(requests), n_buckets
-        self.results, self.final_input, self.recording = {}, None, True
+        """One sequence's requests, for a forward of batch size one."""
+        self.arm_rows([RowPlan(list(requests), n_buckets)])
+
+    def arm_rows(self, plans: list[RowPlan]) -> None:
+        """One plan per batch row of the next forward."""
+        self.plans = list(plans)
+        self.results, self.final_input, self.recording = [{} for _ in plans], None, True
 
     def stop_recording(self) -> None:
         self.recording = False
 
     def release(self) -> None:
-        self.requests, self.results, self.final_input = [], {}, None
+        self.plans, self.results, self.final_input = [], [], None
 
     def remove(self) -> None:
         self.release()
@@ -220,7 +248,11 @@ layer's normalised input, keys and values are computed once per layer and shared
         if self.recording and self.final_input is None:
             self.final_input = args[0]
 
-    def _rows(self, layer, keys: LayerKeys, req: RowRequest, lp: LayerPool):
+    def final_stream(self, row: int = 0) -> torch.Tensor:
+        """[T, D] the residual stream at every real position of batch row `row` (the final norm's input)."""
+        return self.final_input[row, :self.plans[row].length]
+
+    def _rows(self, layer, keys: LayerKeys, req: RowRequest, lp: LayerPool, n_buckets: int):
         groups = kv_groups(layer, lp.heads)
         k, v = keys.k.index_select(1, groups), keys.v.index_select(1, groups)
         # nested checkpoints only when one request's probabilities in this layer are large: they
@@ -236,7 +268,7 @@ layer's normalised input, keys and values are computed once per layer and shared
             def run(x_rows, k, v, r=r, bidx=bidx):
                 probs, writes = rows_from_keys(layer, x_rows, k, v, keys.rotary, r, lp.heads,
                                                with_writes=req.with_writes)
-                pooled = pool_bucket_attention(probs, bidx, lp.weights.float(), self.n_buckets)
+                pooled = pool_bucket_attention(probs, bidx, lp.weights.float(), n_buckets)
                 return (pooled, writes) if req.with_writes else (pooled,)
 
             out = checkpoint(run, x_rows, k, v, use_reentrant=False) if nested else run(x_rows, k, v)
@@ -247,26 +279,30 @@ layer's normalised input, keys and values are computed once per layer and shared
 
     def _make_hook(self, idx: int):
         def hook(module, args, kwargs):
-            items = [(req, lp) for req in self.requests for lp in req.layer_pools if lp.layer == idx]
-            if not items:
-                return
-            hidden = (args[0] if args else kwargs["hidden_states"])[0]
+            hidden_all = args[0] if args else kwargs["hidden_states"]
             rotary = kwargs.get("position_embeddings")
-            keys = layer_keys(module, hidden, None if rotary is None else (rotary[0][0], rotary[1][0]))
-            outs = {req.key: self._rows(module, keys, req, lp) for req, lp in items}
-            if self.recording and idx not in self.results:
-                self.results[idx] = outs
+            for row, plan in enumerate(self.plans):
+                items = [(req, lp) for req in plan.requests for lp in req.layer_pools if lp.layer == idx]
+                if not items:
+                    continue
+                span = slice(0, plan.length)
+                row_rotary = None if rotary is None else tuple(_batch_row(t, row)[span] for t in rotary)
+                keys = layer_keys(module, hidden_all[row, span], row_rotary)
+                outs = {req.key: self._rows(module, keys, req, lp, plan.n_buckets) for req, lp in items}
+                if self.recording and idx not in self.results[row]:
+                    self.results[row][idx] = outs
         return hook
 
-    def collect(self) -> dict[str, tuple[torch.Tensor, torch.Tensor | None]]:
-        """Per request: pooled rows summed over the pool's layers (Eq. A) and the heads' writes
-        [R, H_pool, D] in the order of `layer_pools`."""
+    def collect(self, row: int = 0) -> dict[str, tuple[torch.Tensor, torch.Tensor | None]]:
+        """Per request of batch row `row`: pooled rows summed over the pool's layers (Eq. A) and the
+        heads' writes [R, H_pool, D] in the order of `layer_pools`."""
         out = {}
-        for req in self.requests:
-            missing = [lp.layer for lp in req.layer_pools if req.key not in self.results.get(lp.layer, {})]
+        results = self.results[row]
+        for req in self.plans[row].requests:
+            missing = [lp.layer for lp in req.layer_pools if req.key not in results.get(lp.layer, {})]
             if missing:
                 raise RuntimeError(f"supervised rows of {req.key} missing for layers {missing}: did the forward run?")
-            parts = [self.results[lp.layer][req.key] for lp in req.layer_pools]
+            parts = [results[lp.layer][req.key] for lp in req.layer_pools]
             pooled = parts[0][0]
             for p in parts[1:]:
                 pooled = pooled + p[0]

@@ -2,7 +2,8 @@
 
 AdamW (beta1 0.9, beta2 0.95, no weight decay), 5% linear warm-up then cosine decay to 0,
 gradient-norm clipping at 1, one trace per micro-step with gradient accumulation to a global batch
-of 8, two epochs; the epoch order is a function of (seed, epoch).  Two precisions are arms
+of 8, two epochs (`notes_per_forward` > 1 pads several traces into one micro-step's forward: the
+same loss to rounding, fewer and larger kernels for small models); the epoch order is a function of (seed, epoch).  Two precisions are arms
 (App. J.2, "Precision"): `bf16` = bf16 weights with no fp32 master copy, plain AdamW (its states
 in bf16 too); `fp32` = fp32 master weights under bf16 autocast.  A run writes `config.json`
 (every argument, the example ids, the torch version), `metrics.jsonl` (one line per optimiser step:
@@ -32,7 +33,7 @@ import torch
 from torch.utils.checkpoint import checkpoint
 from tqdm import tqdm
 
-from mistill.distill.arms import ArmConfig, note_loss
+from mistill.distill.arms import ArmConfig, note_loss, notes_loss
 from mistill.distill.mechanism import supervised_layers
 from mistill.distill.pooled_attention import SupervisedRows
 from mistill.distill.pools import Pool
@@ -57,10 +58,21 @@ class TrainConfig:
     offload_checkpoints: bool = False   # keep the checkpointed layer inputs in pinned host memory
     mlp_chunk: int = 0                  # tokens per checkpointed MLP chunk inside each layer (0: off)
     save_every: int = 1       # optimiser steps between checkpoints
+    notes_per_forward: int = 1   # notes of a micro-step, right-padded into one forward (the arms' own loss)
 
     def __post_init__(self):
         if self.precision not in PRECISIONS:
             raise UserError(f"unknown precision {self.precision!r}; known: {', '.join(PRECISIONS)}")
+        if self.notes_per_forward < 1:
+            raise UserError(f"notes_per_forward must be at least 1, not {self.notes_per_forward}")
+
+    def as_dict(self) -> dict:
+        """The recipe as its runs record it; one note per forward (the default) is left out, so the runs trained
+        before the setting existed keep their identity (Trainer.RUN_IDENTITY)."""
+        out = asdict(self)
+        if self.notes_per_forward == 1:
+            del out["notes_per_forward"]
+        return out
 
 
 def epoch_order(n: int, seed: int, epoch: int) -> list[int]:
@@ -217,7 +229,7 @@ class Trainer:
         if arm.arm == "mistill":
             self.rows_hook = SupervisedRows(self.model, supervised_layers(pools, pools.get("P1")),
                                             row_chunk=arm.row_chunk)
-        self.run_config = {"arm": arm.as_dict(), "train": asdict(cfg), "example_ids": [n.note_id for n in notes],
+        self.run_config = {"arm": arm.as_dict(), "train": cfg.as_dict(), "example_ids": [n.note_id for n in notes],
                            "torch_version": torch.__version__, "python": platform.python_version(),
                            "total_steps": self.total_steps, **(run_config or {})}
 
@@ -269,6 +281,13 @@ class Trainer:
         """One note's loss and its log under this trainer's arm."""
         return note_loss(self.model, batch, self.arm, self.pools, self.rows_hook)
 
+    def group_losses(self, batches: list) -> list[tuple[torch.Tensor, dict]]:
+        """Each note's loss and log, the group's notes in one padded forward (mistill.distill.arms.notes_loss).
+        An arm that brings its own `note_loss` (a subclass) computes its notes one forward each."""
+        if type(self).note_loss is not Trainer.note_loss:
+            return [self.note_loss(b) for b in batches]
+        return notes_loss(self.model, batches, self.arm, self.pools, self.rows_hook)
+
     def autocast(self):
         """fp32 master weights compute under bf16 autocast; a bf16 run's weights are bf16 already (App. J.2)."""
         return torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=self.cfg.precision == "fp32")
@@ -297,11 +316,12 @@ class Trainer:
         self.opt.zero_grad(set_to_none=True)
         logs = []
         autocast = self.autocast()
-        for i in indices:
+        per_forward = self.cfg.notes_per_forward
+        for start in range(0, len(indices), per_forward):
             with autocast:
-                loss, log = self.note_loss(self.notes[i])
-            (loss / len(indices)).backward()
-            logs.append(log)
+                losses = self.group_losses([self.notes[i] for i in indices[start:start + per_forward]])
+            (sum(loss for loss, _ in losses) / len(indices)).backward()
+            logs += [log for _, log in losses]
         grad_norm = torch.nn.utils.clip_grad_norm_(self.parameters, self.cfg.clip)
         lr = self.sched.get_last_lr()[0]
         self.opt.step()
