@@ -66,8 +66,10 @@ def repro(session: nox.Session) -> None:
     from mistill.repro.pipeline import pipeline_files
 
     ids = list(session.posargs)
-    # one warm interpreter forks every stage's `mistill`, so no stage pays for importing torch (mistill.warm)
-    session.run("mistill", "repro", "warm", "dvc", "repro", *(ids or [p.as_posix() for p in pipeline_files()]))
+    # one warm interpreter forks every stage's `mistill`, so no stage pays for importing torch (mistill.warm);
+    # DVC records each stage by rewriting its own lines of dvc.lock, not the whole file (mistill.repro.lock_update)
+    session.run("mistill", "repro", "warm", "python", "-m", "mistill.repro.lock_update", "repro",
+                *(ids or [p.as_posix() for p in pipeline_files()]))
     session.run("mistill", "repro", "check", *ids)
     session.run("mistill", "repro", "render")
     session.run("mistill", "repro", "privacy")

@@ -294,9 +294,10 @@ def _dvc(args: list[str], cwd: Path, extra_env: dict[str, str] | None = None, *,
     """Run `dvc` in a workspace (stage commands inherit `extra_env`); its output goes to the
     workspace's log, a failure names it (or, with `check=False`, its exit status is returned)."""
     path = f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"   # this environment's tools
-    dvc = shutil.which("dvc", path=path)
-    if dvc is None:
+    if shutil.which("dvc", path=path) is None:
         raise UserError("calibration needs the `dvc` command (pip install -e '.[dev]')")
+    # `dvc` that records each stage by rewriting its own lines of dvc.lock (mistill.repro.lock_update)
+    dvc = [sys.executable, "-m", "mistill.repro.lock_update"]
     env = {**os.environ, **(extra_env or {}), "DVC_NO_ANALYTICS": "1", "PATH": path}
     for var in ("DVC_STAGE", "DVC_ROOT"):        # the calibration's own stage is not the replicate's
         env.pop(var, None)
@@ -304,7 +305,7 @@ def _dvc(args: list[str], cwd: Path, extra_env: dict[str, str] | None = None, *,
     with log_path.open("a", encoding="utf-8") as log:
         log.write(f"$ dvc {' '.join(args)}\n")
         log.flush()
-        done = subprocess.run([dvc, *args], cwd=cwd, stdout=log, stderr=subprocess.STDOUT, env=env)
+        done = subprocess.run([*dvc, *args], cwd=cwd, stdout=log, stderr=subprocess.STDOUT, env=env)
     if check and done.returncode != 0:
         raise UserError(f"calibration: `dvc {' '.join(args)}` failed in {cwd} (exit {done.returncode}); "
                         f"see {log_path}")

@@ -1,0 +1,114 @@
+"""DVC's lock update against `mistill.repro.lock_update`'s, side by side in one clone.
+
+After every stage, `dvc repro` records it in its dvc.lock; DVC parses and rewrites the whole lock, the
+replacement rewrites the stage's own lines (the module's docstring says why the two write the same).
+In a clone of `--rev`, for one stage of every lock file, the benchmark times that call (`Stage.dump`,
+what dvc/repo/reproduce.py calls) both ways, alternating, and weighs the medians by the stages each lock
+holds: the lock updates of a full `dvc repro`. It also times the whole of `dvc repro --single-item --force
+inventory` (a 2-second stage) under `dvc` and under `python -m mistill.repro.lock_update`, alternating.
+
+    python benchmarks/bench_lock_update.py [--rev HEAD] [--repeats 3]
+
+Writes benchmarks/results/lock_update_<rev>.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import yaml
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
+
+from bench_dvc_overhead import PROBE_STAGE, REPO, clone  # noqa: E402  (a sibling script)
+
+from mistill.repro import lock_update  # noqa: E402
+
+WAYS = {"dvc": lock_update.DVC_DUMP_STAGES, "per_entry": lock_update.dump_stages}
+
+
+def lock_updates(checkout: Path, repeats: int) -> dict:
+    from dvc.dvcfile import Lockfile
+    from dvc.repo import Repo
+    from dvc.stage import PipelineStage
+
+    by_lock: dict[str, list] = {}
+    with Repo(str(checkout)) as repo:
+        for stage in repo.index.stages:
+            rel = Path(stage.path).relative_to(checkout).as_posix()
+            if isinstance(stage, PipelineStage) and not rel.startswith("calibration/"):
+                by_lock.setdefault(Path(rel).with_name("dvc.lock").as_posix(), []).append(stage)
+        locks = {}
+        for lock, stages in sorted(by_lock.items()):
+            recorded = set(yaml.safe_load((checkout / lock).read_text())["stages"])
+            probe = next(s for s in stages if s.name in recorded)
+            seconds: dict[str, list[float]] = {way: [] for way in WAYS}
+            for _ in range(repeats):
+                for way, dump_stages in WAYS.items():
+                    Lockfile.dump_stages = dump_stages
+                    start = time.perf_counter()
+                    probe.dump(update_pipeline=False)
+                    seconds[way].append(time.perf_counter() - start)
+            Lockfile.dump_stages = lock_update.DVC_DUMP_STAGES
+            locks[lock] = {"bytes": (checkout / lock).stat().st_size, "stages": len(stages), "probe": probe.name,
+                           **{f"update_s_{way}": round(statistics.median(s), 4) for way, s in seconds.items()}}
+    return {"locks": locks, **{f"full_run_lock_updates_s_{way}": round(sum(v["stages"] * v[f"update_s_{way}"]
+                                                                          for v in locks.values()), 1)
+                               for way in WAYS}}
+
+
+def single_stage_repro(checkout: Path, command: list[str]) -> float:
+    env = {**os.environ, "DVC_NO_ANALYTICS": "1",
+           "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"}
+    start = time.perf_counter()
+    subprocess.run([*command, "repro", "--single-item", "--force", PROBE_STAGE], cwd=checkout, env=env, check=True,
+                   stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    return time.perf_counter() - start
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--rev", default="HEAD")
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--out", type=Path, default=REPO / "benchmarks" / "results")
+    args = parser.parse_args(argv)
+    commands = {"dvc": ["dvc"], "per_entry": [sys.executable, "-m", "mistill.repro.lock_update"]}
+    with tempfile.TemporaryDirectory(prefix="lock-update-") as tmp:
+        checkout = Path(tmp) / "clone"
+        sha = clone(args.rev, checkout)
+        result = {"benchmark": "lock_update", "commit": sha, "repeats": args.repeats,
+                  "machine": platform.processor() or platform.machine(), **lock_updates(checkout, args.repeats)}
+        walls: dict[str, list[float]] = {way: [] for way in commands}
+        for _ in range(args.repeats):
+            for way, command in commands.items():
+                walls[way].append(single_stage_repro(checkout, command))
+    for way in commands:
+        result[f"single_stage_repro_s_{way}"] = round(statistics.median(walls[way]), 2)
+    result["ratio_full_run_lock_updates"] = round(result["full_run_lock_updates_s_dvc"]
+                                                  / result["full_run_lock_updates_s_per_entry"], 1)
+    result["ratio_single_stage_repro"] = round(result["single_stage_repro_s_dvc"]
+                                               / result["single_stage_repro_s_per_entry"], 2)
+    for lock, v in result["locks"].items():
+        print(f"{lock:32s} {v['bytes'] / 1e6:5.2f} MB {v['stages']:4d} stages: "
+              f"{v['update_s_dvc']:6.3f} s -> {v['update_s_per_entry']:6.3f} s per update")
+    print(f"lock updates of a full run: {result['full_run_lock_updates_s_dvc']:.0f} s -> "
+          f"{result['full_run_lock_updates_s_per_entry']:.0f} s; `dvc repro --single-item --force {PROBE_STAGE}`: "
+          f"{result['single_stage_repro_s_dvc']:.1f} s -> {result['single_stage_repro_s_per_entry']:.1f} s")
+    args.out.mkdir(parents=True, exist_ok=True)
+    path = args.out / f"lock_update_{sha}.json"
+    path.write_text(json.dumps(result, indent=2) + "\n", encoding="utf-8")
+    print(f"wrote {path.relative_to(REPO)}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
