@@ -67,8 +67,8 @@ def repro(session: nox.Session) -> None:
 
     ids = list(session.posargs)
     # one warm interpreter forks every stage's `mistill`, so no stage pays for importing torch (mistill.warm);
-    # DVC records each stage by rewriting its own lines of dvc.lock, not the whole file (mistill.repro.lock_update)
-    session.run("mistill", "repro", "warm", "python", "-m", "mistill.repro.lock_update", "repro",
+    # and DVC neither rewrites a whole dvc.lock nor re-reads params.yaml for every stage (mistill.repro.dvc_run)
+    session.run("mistill", "repro", "warm", "python", "-m", "mistill.repro.dvc_run", "repro",
                 *(ids or [p.as_posix() for p in pipeline_files()]))
     session.run("mistill", "repro", "check", *ids)
     session.run("mistill", "repro", "render")

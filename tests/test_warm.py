@@ -37,7 +37,8 @@ def test_a_caller_like_the_server_is_served():
 def test_where_a_command_runs_does_not_matter():
     request = warm.request_of([])
     request["env"] = {**request["env"], "DVC_STAGE": "EV-mistill@qwen-bf16-0", "DVC_ROOT": "/elsewhere",
-                      "PATH": "/another/bin", warm.SOCKET_ENV: "/tmp/x.sock"}
+                      "PATH": "/another/bin", warm.SOCKET_ENV: "/tmp/x.sock",
+                      "PS1": "(.venv) $ "}   # an activated virtual environment's prompt, which DVC's shell resets
     request["cwd"] = "/elsewhere"
     request["sys_path"] = ["/another/bin", *request["sys_path"][1:]]   # a console script's own directory
     assert warm.incompatibility(request, own()) is None
@@ -54,6 +55,12 @@ def test_another_interpreter_or_module_path_is_refused():
     assert "another interpreter" in warm.incompatibility(warm.request_of([]), own(executable="/usr/bin/python9"))
     path = warm.request_of([])["sys_path"]
     assert warm.incompatibility(warm.request_of([]), own(sys_path=[*path, "/extra"])) == "another module path"
+
+
+def test_the_server_imports_every_module_of_the_package():
+    names = warm.own_modules()
+    assert {"mistill.cli", "mistill.evaluate.variants", "mistill.repro.registry", "mistill.world.shortlist"} <= set(names)
+    assert all(name.startswith("mistill.") for name in names)
 
 
 # --- a command's exit, as a new interpreter would have it --------------------------------------

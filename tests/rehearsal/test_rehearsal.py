@@ -48,9 +48,9 @@ def rehearsed(tmp_path_factory):
     rehearsal = build_rehearsal(tmp_path_factory.mktemp("rehearsal") / "copy", repo=REPO)
     start = time.monotonic()
     # as `nox -s repro` runs the demo: one warm interpreter forks every stage's mistill (mistill.warm), and DVC
-    # rewrites only each stage's own lines of its lock (mistill.repro.lock_update)
+    # neither rewrites a whole lock nor re-reads params.yaml for each stage (mistill.repro.dvc_run)
     done = run(rehearsal, sys.executable, "-m", "mistill.cli", "repro", "warm", sys.executable, "-m",
-               "mistill.repro.lock_update", "repro", *rehearsal.targets)
+               "mistill.repro.dvc_run", "repro", *rehearsal.targets)
     seconds = time.monotonic() - start
     assert done.returncode == 0, f"dvc repro failed under the rehearsal:\n{done.stdout[-6000:]}\n{done.stderr[-6000:]}"
     print(f"rehearsal: dvc repro {' '.join(rehearsal.targets)} in {seconds:.0f}s")

@@ -99,12 +99,13 @@ def _repro(root: Path, command: list[str]) -> str:
 
 @pytest.mark.skipif(shutil.which("dvc") is None, reason="dvc is not on PATH")
 def test_dvc_repro_with_the_update_writes_the_lock_plain_dvc_writes(tmp_path):
-    """The same project reproduced by `dvc` and by `python -m mistill.repro.lock_update`: a first lock, then a
-    params edit that reruns two stages, then a new input that reruns all."""
+    """The same project reproduced by `dvc` and by `python -m mistill.repro.dvc_run` (the lock update and the
+    params reads in place): a first lock, then a params edit that reruns two stages, then a new input that reruns
+    all."""
     plain, fast = tmp_path / "plain", tmp_path / "fast"
     _project(plain)
     _project(fast)
-    commands = {plain: ["dvc"], fast: [sys.executable, "-m", "mistill.repro.lock_update"]}
+    commands = {plain: ["dvc"], fast: [sys.executable, "-m", "mistill.repro.dvc_run"]}
     for edit in (None, ("params.yaml", "size: 4\nname: first\n"), ("data.txt", "another seed\n")):
         if edit:
             for root in commands:

@@ -1,4 +1,4 @@
-"""DVC's lock update, one stage's lines at a time: `python -m mistill.repro.lock_update repro ...`.
+"""DVC's lock update, one stage's lines at a time.
 
 After every stage it runs, DVC records the stage in its `dvc.lock` (`Lockfile.dump_stages`): it parses
 the whole lock with ruamel's round-trip loader, replaces the stage's entry and dumps the whole file
@@ -13,9 +13,9 @@ one difference: values an entry repeats (a params alias) are written out in full
 trip would write YAML anchors numbered across the whole file.  A lock whose layout is not the one
 DVC writes (no `stages:` section) goes to DVC's own method.
 
-`python -m mistill.repro.lock_update ARGS` is `dvc ARGS` with this update in place (`nox -s repro`
-runs its `dvc repro` so); a plain `dvc` is unchanged.  `tests/repro/test_lock_update.py` checks the
-result against DVC's own update on every committed lock.
+`python -m mistill.repro.dvc_run ARGS` is `dvc ARGS` with this update in place (`nox -s repro` runs its
+`dvc repro` so); a plain `dvc` is unchanged.  `tests/repro/test_lock_update.py` checks the result against
+DVC's own update on every committed lock.
 """
 
 from __future__ import annotations
@@ -24,7 +24,6 @@ import io
 import logging
 import os
 import re
-import sys
 from collections.abc import Sequence
 
 from dvc.dvcfile import Lockfile
@@ -126,14 +125,3 @@ def dump_stages(self, stages, **kwargs) -> None:
 def install() -> None:
     """Put `dump_stages` in place of DVC's for this process."""
     Lockfile.dump_stages = dump_stages
-
-
-def main(argv: Sequence[str] | None = None) -> int:
-    from dvc.cli import main as dvc_main
-
-    install()
-    return dvc_main(list(sys.argv[1:] if argv is None else argv))
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

@@ -296,8 +296,8 @@ def _dvc(args: list[str], cwd: Path, extra_env: dict[str, str] | None = None, *,
     path = f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"   # this environment's tools
     if shutil.which("dvc", path=path) is None:
         raise UserError("calibration needs the `dvc` command (pip install -e '.[dev]')")
-    # `dvc` that records each stage by rewriting its own lines of dvc.lock (mistill.repro.lock_update)
-    dvc = [sys.executable, "-m", "mistill.repro.lock_update"]
+    # `dvc` without its per-stage rewrite of a whole dvc.lock and re-reads of params.yaml (mistill.repro.dvc_run)
+    dvc = [sys.executable, "-m", "mistill.repro.dvc_run"]
     env = {**os.environ, **(extra_env or {}), "DVC_NO_ANALYTICS": "1", "PATH": path}
     for var in ("DVC_STAGE", "DVC_ROOT"):        # the calibration's own stage is not the replicate's
         env.pop(var, None)

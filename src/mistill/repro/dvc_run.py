@@ -1,0 +1,27 @@
+"""`python -m mistill.repro.dvc_run ARGS`: `dvc ARGS` without two of its per-stage costs.
+
+Between two stages of a `dvc repro`, DVC rewrites the whole `dvc.lock` of the stage it ran and re-reads the
+whole params.yaml for every params check; here the lock update rewrites only the stage's own lines
+(`mistill.repro.lock_update`) and each version of a params file is parsed once (`mistill.repro.params_reads`).
+What DVC runs, records and decides is unchanged. `nox -s repro`, the calibration's replicates and the rehearsal
+run their `dvc` so (README "Where the time goes"); a plain `dvc` is DVC as shipped.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Sequence
+
+from dvc.cli import main as dvc_main
+
+from mistill.repro import lock_update, params_reads
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    lock_update.install()
+    params_reads.install()
+    return dvc_main(list(sys.argv[1:] if argv is None else argv))
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
