@@ -50,17 +50,24 @@ def clone(rev: str, into: Path) -> str:
     return sha
 
 
-def lock_updates(checkout: Path, repeats: int) -> dict:
-    """Per lock file: its size, the stages it holds and the median seconds of one stage's lock update."""
-    from dvc.repo import Repo
+def stages_by_lock(repo, checkout: Path) -> dict[str, list]:
+    """The pipeline stages of an open DVC repo, by the lock file (relative to `checkout`) that records them."""
     from dvc.stage import PipelineStage
 
     by_lock: dict[str, list] = {}
+    for stage in repo.index.stages:
+        rel = Path(stage.path).relative_to(checkout).as_posix()
+        if isinstance(stage, PipelineStage) and not rel.startswith("calibration/"):
+            by_lock.setdefault(Path(rel).with_name("dvc.lock").as_posix(), []).append(stage)
+    return by_lock
+
+
+def lock_updates(checkout: Path, repeats: int) -> dict:
+    """Per lock file: its size, the stages it holds and the median seconds of one stage's lock update."""
+    from dvc.repo import Repo
+
     with Repo(str(checkout)) as repo:
-        for stage in repo.index.stages:
-            rel = Path(stage.path).relative_to(checkout).as_posix()
-            if isinstance(stage, PipelineStage) and not rel.startswith("calibration/"):
-                by_lock.setdefault(Path(rel).with_name("dvc.lock").as_posix(), []).append(stage)
+        by_lock = stages_by_lock(repo, checkout)
         locks = {}
         for lock, stages in sorted(by_lock.items()):
             recorded = set(yaml.safe_load((checkout / lock).read_text())["stages"])

@@ -32,7 +32,7 @@ import yaml
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
-from bench_dvc_overhead import REPO, clone  # noqa: E402  (a sibling script)
+from bench_dvc_overhead import REPO, clone, stages_by_lock  # noqa: E402  (a sibling script)
 
 from mistill.repro import lock_update  # noqa: E402
 
@@ -42,14 +42,9 @@ WAYS = {"dvc": lock_update.DVC_DUMP_STAGES, "per_entry": lock_update.dump_stages
 def lock_updates(checkout: Path, repeats: int) -> dict:
     from dvc.dvcfile import Lockfile
     from dvc.repo import Repo
-    from dvc.stage import PipelineStage
 
-    by_lock: dict[str, list] = {}
     with Repo(str(checkout)) as repo:
-        for stage in repo.index.stages:
-            rel = Path(stage.path).relative_to(checkout).as_posix()
-            if isinstance(stage, PipelineStage) and not rel.startswith("calibration/"):
-                by_lock.setdefault(Path(rel).with_name("dvc.lock").as_posix(), []).append(stage)
+        by_lock = stages_by_lock(repo, checkout)
         locks = {}
         for lock, stages in sorted(by_lock.items()):
             recorded = set(yaml.safe_load((checkout / lock).read_text())["stages"])

@@ -53,12 +53,18 @@ class ArmConfig:
             raise UserError(f"--event-weight must be positive, not {self.event_weight}")
 
     def as_dict(self) -> dict:
-        """The arm as its runs record it; an event weight of 1 (no up-weighting) is left out, so the runs trained
-        before the switch existed keep their identity (trainer.RUN_IDENTITY)."""
-        out = asdict(self)
-        if self.event_weight == 1.0:
-            del out["event_weight"]
-        return out
+        """The arm as its runs record it; an event weight of 1 (no up-weighting) is left out."""
+        return recorded_fields(self, {"event_weight": 1.0})
+
+
+def recorded_fields(config, left_out: dict) -> dict:
+    """A config's fields as its runs record them: each field of `left_out` is dropped while it holds the value
+    given there (its default), so runs trained before the field existed keep their identity (trainer.RUN_IDENTITY)."""
+    out = asdict(config)
+    for name, default in left_out.items():
+        if out[name] == default:
+            del out[name]
+    return out
 
 
 @dataclass

@@ -25,7 +25,7 @@ import random
 import resource
 import time
 import types
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -33,7 +33,7 @@ import torch
 from torch.utils.checkpoint import checkpoint
 from tqdm import tqdm
 
-from mistill.distill.arms import ArmConfig, note_loss, notes_loss
+from mistill.distill.arms import ArmConfig, note_loss, notes_loss, recorded_fields
 from mistill.distill.mechanism import supervised_layers
 from mistill.distill.pooled_attention import SupervisedRows
 from mistill.distill.pools import Pool
@@ -67,12 +67,8 @@ class TrainConfig:
             raise UserError(f"notes_per_forward must be at least 1, not {self.notes_per_forward}")
 
     def as_dict(self) -> dict:
-        """The recipe as its runs record it; one note per forward (the default) is left out, so the runs trained
-        before the setting existed keep their identity (Trainer.RUN_IDENTITY)."""
-        out = asdict(self)
-        if self.notes_per_forward == 1:
-            del out["notes_per_forward"]
-        return out
+        """The recipe as its runs record it; one note per forward (the default) is left out."""
+        return recorded_fields(self, {"notes_per_forward": 1})
 
 
 def epoch_order(n: int, seed: int, epoch: int) -> list[int]:
