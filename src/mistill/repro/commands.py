@@ -7,6 +7,7 @@
     mistill repro privacy [PATHS...] [--shareable]
     mistill repro publish [TARGETS...] [--dry-run]
     mistill repro plot-data --runs DIR... --out DIR
+    mistill repro family FILE NAME [--item NAME ...] [--dry]
 
 `render` also draws the figures of paper/templates/figures/ (PDF and PNG, mistill.repro.figures).
 """
@@ -52,6 +53,17 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     warm.add_argument("command", nargs=argparse.REMAINDER, help="the command, e.g. dvc repro R-D6")
     warm.set_defaults(func=cmd_warm)
 
+    family = subparsers.add_parser(
+        "family", help="run a family's items (a foreach or matrix stage of a family file) whose inputs changed",
+        description="Run the items of one foreach or matrix stage of a family file (dvc.yaml syntax, never read by "
+                    "DVC) whose commands, params or dependencies changed since their last run (mistill.repro.families).")
+    family.add_argument("file", help="the family file, e.g. pipelines/own-heads/families.yaml")
+    family.add_argument("name", help="the family: a foreach or matrix stage of that file")
+    family.add_argument("--item", action="append", dest="items", metavar="NAME",
+                        help="only this item (its full name, e.g. M6-variant@nowindow); repeatable")
+    family.add_argument("--dry", action="store_true", help="list the commands of the items that would run")
+    family.set_defaults(func=cmd_family)
+
     read = subparsers.add_parser("read", help="run a result's reader (registry.yaml names it) -> results/<ID>.json",
                                  description="Run the reader of one result id; arguments after the id pass through.")
     read.add_argument("id", metavar="ID")
@@ -95,6 +107,13 @@ def cmd_warm(args: argparse.Namespace) -> int:
     if not args.command:
         raise UserError("mistill repro warm: give the command to run, e.g. `mistill repro warm dvc repro R-D6`")
     return run_warm(args.command)
+
+
+def cmd_family(args: argparse.Namespace) -> int:
+    from mistill.repro.families import run_family
+
+    run_family(Path("."), args.file, args.name, only=args.items, dry=args.dry)
+    return 0
 
 
 def cmd_check(args: argparse.Namespace) -> int:

@@ -1,0 +1,189 @@
+"""A family of stages run as one DVC stage: every item in one `dvc repro` step, each rerun only when its own
+inputs change (`mistill repro family FILE NAME`).
+
+DVC pays a fixed cost for each stage it runs (checking it, hashing and caching its outputs, recording it), and
+the demo's matrix families (the recipe-variant grid, the per-arm evaluations and own-heads chains) are most of
+its stages. A family file holds such foreach/matrix definitions in dvc.yaml's own syntax, `vars:` included; DVC
+never reads it (it reads only files named dvc.yaml), and DVC's own resolver (`dvc.parsing.DataResolver`) expands
+it here into items with their commands, dependencies, params and outputs. The pipeline then declares one stage
+for the whole family:
+
+    M6-variant:
+      wdir: ../..
+      cmd: mistill repro family pipelines/own-heads/families.yaml M6-variant
+      deps: [the items' dependencies]
+      params: [the items' params]
+      outs: [the directories that hold the items' outputs, persist: true]
+
+An item runs when its key differs from the one recorded beside its first output (`.<name>.family-key`, inside
+the family's output directory): the sha256 of its commands, the values of the params it names and the content
+of its dependencies (a file's bytes; a directory's files by relative path and content, DVC's ignored `.*.tmp`
+left out). So an edit that touches one item's inputs reruns that item alone, and a rerun after a kill starts
+where the kill stopped. An item's commands run as DVC runs a stage's: through the shell, in the item's working
+directory, with its name in `DVC_STAGE` (so `mistill repro stage-times` times it as its own row) and its
+non-persistent outputs removed first. A failing item stops the family, its key unrecorded.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import hashlib
+import json
+import os
+import shutil
+import subprocess
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from mistill.errors import UserError
+from mistill.io import atomic_open
+from mistill.params import FAST_SAFE_LOADER
+
+IGNORED = ".*.tmp"   # .dvcignore: the temporary siblings of atomic writes
+PARAMS_FILE = "params.yaml"
+
+
+@dataclass(frozen=True)
+class FamilyItem:
+    """One resolved item: paths relative to the repository root."""
+
+    name: str                        # `M6-variant@nowindow`
+    commands: tuple[str, ...]
+    wdir: str
+    deps: tuple[str, ...]
+    params: tuple[str, ...]          # dotted keys of params.yaml
+    outs: tuple[tuple[str, bool], ...]   # (path, persist)
+
+    @property
+    def key_file(self) -> Path:
+        first = Path(self.outs[0][0])
+        return first.parent / f".{first.name}.family-key"
+
+
+def family_items(root: Path, family_file: str, family: str) -> list[FamilyItem]:
+    """The items of `family` (a foreach or matrix stage of `family_file`), resolved as DVC resolves dvc.yaml."""
+    from dvc.parsing import DataResolver
+    from dvc.repo import Repo
+
+    path = root / family_file
+    if not path.is_file():
+        raise UserError(f"{family_file}: no family file")
+    data = yaml.load(path.read_text(encoding="utf-8"), Loader=FAST_SAFE_LOADER) or {}
+    if family not in (data.get("stages") or {}):
+        raise UserError(f"{family_file}: no family {family!r} (it defines {', '.join(data.get('stages') or {})})")
+    data["stages"] = {family: data["stages"][family]}
+    with Repo(str(root)) as repo:
+        # an absolute directory: DVC reads `vars` files relative to the process's directory otherwise
+        stages = DataResolver(repo, str((root / family_file).resolve().parent), data).resolve()["stages"]
+    return [_item(name, definition, Path(family_file).parent) for name, definition in stages.items()]
+
+
+def _item(name: str, definition: dict, base: Path) -> FamilyItem:
+    wdir = os.path.normpath(base / definition.get("wdir", "."))
+    commands = definition["cmd"] if isinstance(definition["cmd"], list) else [definition["cmd"]]
+    params = []
+    for entry in definition.get("params") or []:
+        if not isinstance(entry, str):
+            raise UserError(f"{name}: a family item names params of {PARAMS_FILE} by key, not {entry!r}")
+        params.append(entry)
+    outs = []
+    for entry in definition.get("outs") or []:
+        out, options = (entry, {}) if isinstance(entry, str) else next(iter(entry.items()))
+        outs.append((os.path.normpath(Path(wdir) / out), bool((options or {}).get("persist", False))))
+    if not outs:
+        raise UserError(f"{name}: a family item needs an output (its key is recorded beside the first)")
+    deps = tuple(os.path.normpath(Path(wdir) / d) for d in definition.get("deps") or [])
+    return FamilyItem(name, tuple(commands), wdir, deps, tuple(params), tuple(outs))
+
+
+class Digests:
+    """Content digests of dependencies, each path hashed once per run."""
+
+    def __init__(self, root: Path):
+        self.root = root
+        self._seen: dict[str, str] = {}
+
+    def __call__(self, path: str) -> str:
+        if path not in self._seen:
+            self._seen[path] = self._digest(self.root / path, path)
+        return self._seen[path]
+
+    @staticmethod
+    def _file(path: Path) -> str:
+        return hashlib.md5(path.read_bytes()).hexdigest()
+
+    def _digest(self, full: Path, path: str) -> str:
+        if full.is_file():
+            return self._file(full)
+        if not full.is_dir():
+            raise UserError(f"{path}: a dependency that does not exist (run the stage that writes it first)")
+        files = sorted(p for p in full.rglob("*") if p.is_file() and not fnmatch.fnmatch(p.name, IGNORED))
+        listing = "".join(f"{p.relative_to(full).as_posix()}\0{self._file(p)}\n" for p in files)
+        return hashlib.md5(listing.encode()).hexdigest() + ".dir"
+
+
+def param_value(params: dict, dotted: str) -> Any:
+    value = params
+    for part in dotted.split("."):
+        if not isinstance(value, dict) or part not in value:
+            raise UserError(f"{PARAMS_FILE}: no {dotted}")
+        value = value[part]
+    return value
+
+
+def item_key(item: FamilyItem, params: dict, digests: Digests) -> str:
+    record = {"commands": item.commands, "wdir": item.wdir,
+              "params": {p: param_value(params, p) for p in item.params},
+              "deps": {d: digests(d) for d in item.deps}}
+    return hashlib.sha256(json.dumps(record, sort_keys=True, default=str).encode()).hexdigest()
+
+
+def recorded_key(root: Path, item: FamilyItem) -> str | None:
+    path = root / item.key_file
+    return path.read_text(encoding="utf-8").strip() if path.is_file() else None
+
+
+def run_item(root: Path, item: FamilyItem) -> None:
+    for out, persist in item.outs:
+        target = root / out
+        if not persist and (target.exists() or target.is_symlink()):
+            shutil.rmtree(target) if target.is_dir() and not target.is_symlink() else target.unlink()
+    env = {**os.environ, "DVC_STAGE": item.name}
+    for command in item.commands:
+        print(f"> {command}", flush=True)
+        done = subprocess.run(command, shell=True, cwd=root / item.wdir, env=env)
+        if done.returncode != 0:
+            raise UserError(f"{item.name}: `{command}` exited with {done.returncode}; the family stops here, and its "
+                            "next run starts with this item")
+
+
+def run_family(root: Path, family_file: str, family: str, *, only: list[str] | None = None,
+               dry: bool = False) -> list[str]:
+    """Run the items of `family` whose inputs changed (or `only` these item names); the names run."""
+    root = Path(root)
+    items = family_items(root, family_file, family)
+    if only:
+        unknown = sorted(set(only) - {i.name for i in items})
+        if unknown:
+            raise UserError(f"{family}: no item {', '.join(unknown)}")
+        items = [i for i in items if i.name in only]
+    params = yaml.load((root / PARAMS_FILE).read_text(encoding="utf-8"), Loader=FAST_SAFE_LOADER)
+    digests = Digests(root)
+    ran = []
+    for item in items:
+        key = item_key(item, params, digests)
+        if recorded_key(root, item) == key:
+            continue
+        if dry:
+            print(f"{item.name}:", *(f"> {c}" for c in item.commands), sep="\n")
+        else:
+            print(f"Running family item '{item.name}':", flush=True)
+            run_item(root, item)
+            with atomic_open(root / item.key_file, "w", encoding="utf-8") as fh:
+                fh.write(key + "\n")
+        ran.append(item.name)
+    print(f"{family}: {len(ran)} of {len(items)} items {'to run' if dry else 'run'}, the rest up to date")
+    return ran
