@@ -2,8 +2,9 @@
 
 AdamW (beta1 0.9, beta2 0.95, no weight decay), 5% linear warm-up then cosine decay to 0,
 gradient-norm clipping at 1, one trace per micro-step with gradient accumulation to a global batch
-of 8, two epochs (`notes_per_forward` > 1 pads several traces into one micro-step's forward: the
-same loss to rounding, fewer and larger kernels for small models); the epoch order is a function of (seed, epoch).  Two precisions are arms
+of 8, two epochs; the epoch order is a function of (seed, epoch).  (`notes_per_forward` > 1 pads
+several traces into one micro-step's forward: the same loss to rounding, fewer and larger kernels
+for small models.)  Two precisions are arms
 (App. J.2, "Precision"): `bf16` = bf16 weights with no fp32 master copy, plain AdamW (its states
 in bf16 too); `fp32` = fp32 master weights under bf16 autocast.  A run writes `config.json`
 (every argument, the example ids, the torch version), `metrics.jsonl` (one line per optimiser step:
