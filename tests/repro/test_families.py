@@ -122,3 +122,19 @@ def test_dvc_runs_the_family_as_one_stage_and_times_each_item(project):
     status = subprocess.run([sys.executable, "-m", "dvc", "status"], cwd=project, env=env, capture_output=True,
                             text=True)
     assert "up to date" in status.stdout
+
+
+def test_an_item_s_outputs_are_removed_before_it_reruns_unless_persistent(project):
+    """As DVC does for a stage: a rerun starts from no output, except where the output is declared persistent."""
+    for persist, kept in ((False, ["2"]), (True, ["1", "2"])):
+        text = FAMILIES.replace("out/copies/${key}.txt:\n            persist: true",
+                                f"out/{persist}/${{key}}:\n            persist: {str(persist).lower()}")
+        text = text.replace("mkdir -p out/copies && cat data/${item.source} > out/copies/${key}.txt && "
+                            "echo ${item.size} >> out/copies/${key}.txt",
+                            f"mkdir -p out/{persist}/${{key}} && touch out/{persist}/${{key}}/${{item.size}}")
+        (project / "pipelines" / "copies" / "families.yaml").write_text(text)
+        (project / "params.yaml").write_text(PARAMS.replace("size: 2", "size: 1"))
+        _run(project, only=["copies@second"])
+        (project / "params.yaml").write_text(PARAMS)
+        assert _run(project, only=["copies@second"]) == ["copies@second"]
+        assert sorted(p.name for p in (project / "out" / str(persist) / "second").iterdir()) == kept

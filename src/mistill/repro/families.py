@@ -149,8 +149,12 @@ def recorded_key(root: Path, item: FamilyItem) -> str | None:
 def run_item(root: Path, item: FamilyItem) -> None:
     for out, persist in item.outs:
         target = root / out
-        if not persist and (target.exists() or target.is_symlink()):
-            shutil.rmtree(target) if target.is_dir() and not target.is_symlink() else target.unlink()
+        if persist or not (target.exists() or target.is_symlink()):
+            continue
+        if target.is_dir() and not target.is_symlink():
+            shutil.rmtree(target)
+        else:
+            target.unlink()
     env = {**os.environ, "DVC_STAGE": item.name}
     for command in item.commands:
         print(f"> {command}", flush=True)
