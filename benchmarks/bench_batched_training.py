@@ -62,6 +62,12 @@ def main() -> int:
     ap.add_argument("--out", type=Path)
     args = ap.parse_args()
     params = load_params()
+    needs = [Path(params["distill"]["targets_dir"]) / "manifest.json",
+             Path(params["distill"]["student_head_sets"]["student_qwen"])]
+    if not all(p.exists() for p in needs):
+        print("bench_batched_training: no teacher targets or student head sets (run `dvc repro "
+              "pipelines/distill/dvc.yaml:DT-targets HD-S-untrained` first); skipped")
+        return 0
     set_threads(params["models"])
     settings = (1, args.per_forward)
     summary = {"benchmark": "batched_training", "machine": platform.processor() or platform.machine(),
