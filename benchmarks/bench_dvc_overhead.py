@@ -62,16 +62,21 @@ def stages_by_lock(repo, checkout: Path) -> dict[str, list]:
     return by_lock
 
 
+def lock_probes(repo, checkout: Path):
+    """(lock, its stages, a stage it records) for every lock file: updating the probe rewrites its own entry
+    unchanged."""
+    for lock, stages in sorted(stages_by_lock(repo, checkout).items()):
+        recorded = set(yaml.safe_load((checkout / lock).read_text())["stages"])
+        yield lock, stages, next(s for s in stages if s.name in recorded)
+
+
 def lock_updates(checkout: Path, repeats: int) -> dict:
     """Per lock file: its size, the stages it holds and the median seconds of one stage's lock update."""
     from dvc.repo import Repo
 
     with Repo(str(checkout)) as repo:
-        by_lock = stages_by_lock(repo, checkout)
         locks = {}
-        for lock, stages in sorted(by_lock.items()):
-            recorded = set(yaml.safe_load((checkout / lock).read_text())["stages"])
-            probe = next(s for s in stages if s.name in recorded)     # rewrites its own entry unchanged
+        for lock, stages, probe in lock_probes(repo, checkout):
             seconds = []
             for _ in range(repeats):
                 start = time.perf_counter()
@@ -90,6 +95,15 @@ def single_stage_repro(checkout: Path) -> float:
     subprocess.run(["dvc", "repro", "--single-item", "--force", PROBE_STAGE], cwd=checkout, env=env, check=True,
                    stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     return time.perf_counter() - start
+
+
+def write_result(out: Path, name: str, result: dict) -> Path:
+    """The benchmark's JSON summary under `out` (benchmarks/results by default)."""
+    out.mkdir(parents=True, exist_ok=True)
+    path = out / name
+    path.write_text(json.dumps(result, indent=2) + "\n", encoding="utf-8")
+    print(f"wrote {path.relative_to(REPO) if path.is_relative_to(REPO) else path}")
+    return path
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -123,10 +137,7 @@ def main(argv: list[str] | None = None) -> int:
               f"`dvc repro --single-item --force {PROBE_STAGE}`: {result[side]['single_stage_repro_s']:.1f} s")
     print(f"ratios old/new: lock updates {result['ratio_full_run_lock_updates']}x, "
           f"single-stage repro {result['ratio_single_stage_repro']}x")
-    args.out.mkdir(parents=True, exist_ok=True)
-    path = args.out / f"dvc_overhead_{sides['old']}_{sides['new']}.json"
-    path.write_text(json.dumps(result, indent=2) + "\n", encoding="utf-8")
-    print(f"wrote {path.relative_to(REPO) if path.is_relative_to(REPO) else path}")
+    write_result(args.out, f"dvc_overhead_{sides['old']}_{sides['new']}.json", result)
     return 0
 
 

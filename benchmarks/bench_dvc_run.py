@@ -18,7 +18,6 @@ Writes benchmarks/results/dvc_run_<rev>.json.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import platform
 import statistics
@@ -28,11 +27,9 @@ import tempfile
 import time
 from pathlib import Path
 
-import yaml
-
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
-from bench_dvc_overhead import REPO, clone, stages_by_lock  # noqa: E402  (a sibling script)
+from bench_dvc_overhead import REPO, clone, lock_probes, write_result  # noqa: E402  (a sibling script)
 
 from mistill.repro import lock_update  # noqa: E402
 
@@ -44,11 +41,8 @@ def lock_updates(checkout: Path, repeats: int) -> dict:
     from dvc.repo import Repo
 
     with Repo(str(checkout)) as repo:
-        by_lock = stages_by_lock(repo, checkout)
         locks = {}
-        for lock, stages in sorted(by_lock.items()):
-            recorded = set(yaml.safe_load((checkout / lock).read_text())["stages"])
-            probe = next(s for s in stages if s.name in recorded)
+        for lock, stages, probe in lock_probes(repo, checkout):
             seconds: dict[str, list[float]] = {way: [] for way in WAYS}
             for _ in range(repeats):
                 for way, dump_stages in WAYS.items():
@@ -112,10 +106,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"`dvc repro --force corpora` (3 stages, warm): {result['world_chain_wall_s_dvc']:.1f} s -> "
           f"{result['world_chain_wall_s_dvc_run']:.1f} s; median gap between stages "
           f"{result['median_gap_s_dvc']:.2f} s -> {result['median_gap_s_dvc_run']:.2f} s")
-    args.out.mkdir(parents=True, exist_ok=True)
-    path = args.out / f"dvc_run_{sha}.json"
-    path.write_text(json.dumps(result, indent=2) + "\n", encoding="utf-8")
-    print(f"wrote {path.relative_to(REPO)}")
+    write_result(args.out, f"dvc_run_{sha}.json", result)
     return 0
 
 
