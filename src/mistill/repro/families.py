@@ -37,6 +37,8 @@ from pathlib import Path
 from typing import Any
 
 import yaml
+from dvc.parsing import DataResolver
+from dvc.repo import Repo
 
 from mistill.errors import UserError
 from mistill.io import atomic_open
@@ -65,9 +67,6 @@ class FamilyItem:
 
 def family_items(root: Path, family_file: str, family: str) -> list[FamilyItem]:
     """The items of `family` (a foreach or matrix stage of `family_file`), resolved as DVC resolves dvc.yaml."""
-    from dvc.parsing import DataResolver
-    from dvc.repo import Repo
-
     path = root / family_file
     if not path.is_file():
         raise UserError(f"{family_file}: no family file")
@@ -100,7 +99,8 @@ def _item(name: str, definition: dict, base: Path) -> FamilyItem:
 
 
 class Digests:
-    """Content digests of dependencies, each path hashed once per run."""
+    """Content digests of dependencies, each path hashed once per run (a family's items do not read each other's
+    outputs; one that did would only rerun once more, its key taken before the other item changed the input)."""
 
     def __init__(self, root: Path):
         self.root = root
