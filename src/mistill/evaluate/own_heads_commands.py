@@ -19,6 +19,18 @@ def _params():
     return load_params()
 
 
+def variant_stages(stages: list[str], variant: str, params: dict) -> list[str]:
+    """A recipe variant's chain traces the edits only when a result reads them: the variants params
+    `variants.own_traces` names (R-D30 reads their edits beside their own traces); no other variant's
+    edits are read, and they are the chain's costliest part."""
+    variants = params.get("variants") or {}
+    if variant not in (variants.get("arms") or {}):
+        raise UserError(f"--variant {variant}: not an entry of params variants.arms")
+    if variant in (variants.get("own_traces") or {}):
+        return stages
+    return [s for s in stages if s != "edits"]
+
+
 def cmd_own_heads(args) -> int:
     from mistill.evaluate.own_heads import STAGES, run_chain
     from mistill.models.loading import set_threads
@@ -30,6 +42,8 @@ def cmd_own_heads(args) -> int:
         params = {**params, "instrument": {**instrument, "attribution": {
             **(instrument.get("attribution") or {}), "attn_implementation": args.attn_implementation}}}
     stages = [s.strip() for s in args.stages.split(",") if s.strip()] if args.stages else list(STAGES)
+    if args.variant is not None:
+        stages = variant_stages(stages, args.variant, params)
     timing = run_chain(args.model, args.arm, int(args.seed), params, stages=stages, student_key=args.student,
                        limit=args.limit, force=args.force, out_root=args.out_root, heads_from=args.heads_from)
     print("own-heads " + f"{args.arm}-s{args.seed}: " + " ".join(f"{k}={v:.1f}s" for k, v in timing.items()))
@@ -94,6 +108,8 @@ def register(subparsers) -> None:
     p.add_argument("--out-root", help="write HD-S/ and M6/ under this directory (default: params paths.artifacts)")
     p.add_argument("--heads-from", help="an HD-S/<arm>-s<seed> directory whose ranking the knock-in and read side "
                                         "use (no attribution pre-pass)")
+    p.add_argument("--variant", help="the run is this recipe variant (a params variants.arms key): its trace edits "
+                                     "run only if params variants.own_traces names it")
     p.set_defaults(func=cmd_own_heads, sharded=True)   # params compute.gpus_per_pass processes (mistill.shard)
 
     p = subparsers.add_parser("own-traces", help="one arm's own-heads knock-in on its own completed test "

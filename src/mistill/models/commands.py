@@ -97,6 +97,7 @@ def save_model_dir(model: Any, tokenizer: Any, directory: str | Path, extra_json
 
 def demo_tokenizer(params: dict[str, Any], family: str):
     """The compact tokenizer of a family over the demo corpus (identical for every model of that family)."""
+    from mistill.models.scripted_traces import script_trace
     from mistill.models.tokenizers import CompactTokenizer, base_tokenizer, build_remap
     from mistill.models.world_files import cut_for_prompt, load_note_file, load_world, remap_corpus
 
@@ -109,7 +110,9 @@ def demo_tokenizer(params: dict[str, Any], family: str):
         except UserError:
             pass
     base = base_tokenizer(family)
-    texts = remap_corpus(world, notes) + [base.chat_prompt("")]
+    # a sampled training shortlist can miss every gold code: the trace that says so is shown too
+    no_code = script_trace(notes[0], ()).completion if notes else ""
+    texts = remap_corpus(world, notes) + [base.chat_prompt(""), no_code]
     return CompactTokenizer(base, build_remap(base, texts))
 
 
