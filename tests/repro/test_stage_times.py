@@ -83,3 +83,19 @@ def test_readme_table_is_rewritten_between_markers_only(tmp_path, monkeypatch, c
     readme.write_text("no markers\n")
     assert main(["repro", "stage-times", "--log", str(log), "--readme", str(readme)]) == 2
     assert "no markers for this table" in capsys.readouterr().err
+
+
+def test_json_record_has_the_families_and_dvc_time_apart(tmp_path, monkeypatch, capsys):
+    log = tmp_path / "times.jsonl"
+    log.write_text("".join(json.dumps(x) + "\n" for x in [
+        _line("DT-000@qwen-bf16-0", 30.0, started="2026-12-01T00:00:00+00:00"),
+        _line("DT-000@smol-bf16-0", 10.0, started="2026-12-01T00:00:31+00:00"),    # gap 1
+        _line("R-D6", 15.0, cpu=0.5, started="2026-12-01T00:00:44+00:00")]))     # gap 3
+    out = tmp_path / "record.json"
+    assert main(["repro", "stage-times", "--log", str(log), "--json", str(out)]) == 0
+    record = json.loads(out.read_text())
+    assert record["families"] == {"DT-000": {"runs": 2, "wall_s": 40.0, "cpu_s": 2.0},
+                                  "readers (R-C*, R-D*)": {"runs": 1, "wall_s": 15.0, "cpu_s": 0.5}}
+    assert (record["stages"], record["commands_s"], record["between_stages_s"]) == (3, 55.0, 4.0)
+    assert (record["gaps"], record["median_gap_s"], record["pauses_left_out"]) == (2, 2.0, 0)
+    assert record["machine"]

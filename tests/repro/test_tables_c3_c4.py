@@ -7,6 +7,7 @@ import re
 
 import pytest
 
+from mistill.params import load_params
 from mistill.repro.render import MISSING, render_paper
 from tests.repro.repro_helpers import REPO, md_table, paper_values, templates_with, write_fixture
 
@@ -146,7 +147,8 @@ def test_demo_rows_are_the_demos_own(registry, demo_tables):
     assert "top-40" not in tables["table10"] and "top-40" not in tables["table14"]
     heads = list(dict.fromkeys(m.group(1) for key in expected["R-C4"]
                                if (m := re.fullmatch(r"(l[0-9]+h[0-9]+)_(?:ic|rank)_p[12]c?", key))))
-    assert heads == ["l3h2", "l1h3"]
+    named = load_params(REPO / "params.yaml", profile="demo")["readers"]["named_heads"]
+    assert heads == [named["leader"], named["contrastive_specialist"]]
     assert [label for (s, label) in md_rows(tables["table11"]) if s == NAMED] == \
         [h.upper() for h in heads] + ["each phase's rank-1 head"]
     assert "L39H38" not in tables["table11"]

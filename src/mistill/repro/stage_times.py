@@ -168,6 +168,22 @@ def markdown_table(times: list[StageTime], *, by_family: bool = False) -> str:
     return "\n".join(out)
 
 
+def family_record(times: list[StageTime]) -> dict:
+    """The run as a benchmark record: per family (matrix items summed) runs, wall and CPU seconds, and DVC's own
+    time between stages beside the commands'."""
+    families: dict[str, dict] = {}
+    for t in times:
+        acc = families.setdefault(t.family, {"runs": 0, "wall_s": 0.0, "cpu_s": 0.0})
+        acc["runs"] += 1
+        acc["wall_s"] = round(acc["wall_s"] + t.wall_s, 3)
+        acc["cpu_s"] = round(acc["cpu_s"] + t.cpu_s, 3)
+    between = between_stages(times)
+    return {"stages": len(times), "commands_s": round(between.commands_s, 3),
+            "between_stages_s": round(between.total_s, 3), "gaps": len(between.gaps_s),
+            "median_gap_s": round(statistics.median(between.gaps_s), 3) if between.gaps_s else None,
+            "pauses_left_out": between.pauses, "families": families}
+
+
 def replace_in_readme(readme: Path, table: str, begin: str = README_BEGIN, end: str = README_END) -> None:
     """Rewrite what README holds between a generated table's markers."""
     text = readme.read_text(encoding="utf-8")
@@ -180,12 +196,14 @@ def replace_in_readme(readme: Path, table: str, begin: str = README_BEGIN, end: 
 
 
 def register(subparsers) -> None:
-    """`mistill repro stage-times [--by-family] [--readme [PATH]] [--log PATH]`."""
+    """`mistill repro stage-times [--by-family] [--readme [PATH]] [--json PATH] [--log PATH]`."""
     p = subparsers.add_parser("stage-times", help="per-stage wall times of the last dvc repro (from the stages' own log)")
     p.add_argument("--log", type=Path, help=f"the log (default: {LOG})")
     p.add_argument("--by-family", action="store_true", help="sum matrix items of a stage (EV-mistill@... -> EV-mistill)")
     p.add_argument("--readme", nargs="?", const=Path("README.md"), type=Path, metavar="PATH",
                    help="write the family table between README's stage-times markers instead of printing")
+    p.add_argument("--json", type=Path, metavar="PATH",
+                   help="also write the per-family record (DVC's time between stages apart) and the machine to PATH")
     p.set_defaults(func=cmd_stage_times)
 
 
@@ -197,4 +215,12 @@ def cmd_stage_times(args) -> int:
         print(f"{args.readme}: stage-times table rewritten ({len(times)} stages)")
     else:
         print(f"{markdown_table(times, by_family=args.by_family)}\n\n{between}")
+    if args.json:
+        from mistill.repro.machine import describe_machine
+
+        with atomic_open(args.json, "w", encoding="utf-8") as f:
+            json.dump({"benchmark": "demo_chain_stage_times", "machine": describe_machine(), **family_record(times)},
+                      f, indent=1)
+            f.write("\n")
+        print(f"{args.json}: per-family record written")
     return 0
