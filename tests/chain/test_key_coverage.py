@@ -70,7 +70,9 @@ def test_keys_naming_heads_and_sizes_come_from_params():
     assert {"l39h38_ic_p2c", "l30h11_rank_p1", "chapter_top40_heads_in_layers_24_31",
             "recurrence_counts_l39h38_l39h13_l26h36_l26h37_l28h21"} <= set(keys)
     demo = reader("R-C4").keys(DEMO_PARAMS)
-    assert {"l3h2_ic_p2c", "l1h3_rank_p1", "chapter_top8_heads_in_layers_2_3"} <= set(demo)
+    named = DEMO_PARAMS["readers"]["named_heads"]
+    assert {f"{named['leader']}_ic_p2c", f"{named['contrastive_specialist']}_rank_p1",
+            "chapter_top8_heads_in_layers_2_3"} <= set(demo)
     assert not any("l39h38" in k for k in demo)
     params = copy.deepcopy(PAPER_PARAMS)
     params["readers"]["named_heads"]["leader"] = "l7h3"
