@@ -164,8 +164,11 @@ def test_demo_cells_equal_the_numbers_files(demo_tables):
         [str(c3[f"notes_knockin_above_random_{p}_k16"]) for p in ("p1", "p2", "p2c")]
     assert md_row(t14, "top-24", KIN) == [fmt3(c3[f"{s}knockin_top24_{p}"]) for p in ("p1", "p2", "p2c")
                                          for s in ("", "own_ranking_")]
-    assert md_row(t11, "L3H2", NAMED) == [fmt3(c4[f"l3h2_ic_{p}"]) for p in ("p1", "p2", "p2c")]
-    assert md_row(t11, "L1H3", NAMED) == [f"– ({c4['l1h3_rank_p1']})", "–", f"– ({c4['l1h3_rank_p2c']})"]
+    named = load_params(REPO / "params.yaml", profile="demo")["readers"]["named_heads"]
+    leader, specialist = named["leader"], named["contrastive_specialist"]
+    assert md_row(t11, leader.upper(), NAMED) == [fmt3(c4[f"{leader}_ic_{p}"]) for p in ("p1", "p2", "p2c")]
+    assert md_row(t11, specialist.upper(), NAMED) == \
+        [f"– ({c4[f'{specialist}_rank_p1']})", "–", f"– ({c4[f'{specialist}_rank_p2c']})"]
     assert md_row(t11, "each phase's rank-1 head", NAMED) == [fmt3(c4[f"top_head_ic_{p}"]) for p in ("p1", "p2", "p2c")]
     assert md_row(t11, "heads with I_c < 0 (BH, FDR 0.05)", "Over all heads (counts)") == \
         [str(x) for x in c4["bh_heads_ic_negative_p1_p2_p2c"]]
