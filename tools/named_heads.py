@@ -34,6 +34,7 @@ import sys
 from pathlib import Path
 
 import numpy as np
+import yaml
 from scipy.stats import binomtest
 
 from mistill.instrument import read_readout as rr
@@ -143,14 +144,8 @@ def main() -> int:
 
 
 def yaml_block(entries: dict) -> str:
-    lines = []
-    for key, value in entries.items():
-        if isinstance(value, dict):
-            lines.append(f"{key}:")
-            lines += [f"  {k}: {json.dumps(v)}" for k, v in value.items()]
-        else:
-            lines.append(f"{key}: {json.dumps(value)}")
-    return "\n".join(lines)
+    """The entries as YAML to paste into params.yaml, short lists in flow style as params.yaml writes them."""
+    return yaml.safe_dump(entries, default_flow_style=None, sort_keys=False, width=110).rstrip()
 
 
 if __name__ == "__main__":
