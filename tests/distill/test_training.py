@@ -203,6 +203,43 @@ def test_training_resumes_exactly(setup, tmp_path):
                 run_config={"targets_sha256": "b"}).run()
 
 
+def test_a_finished_run_of_the_same_identity_is_taken_as_the_run_it_would_train(setup, tmp_path):
+    """`same_run_as` / `reuse`: a second run of the same recipe takes the finished run's files, which equal what
+    training it would write; a run that differs in any identity field (here λ) is not the same run."""
+    tok = setup["tok"]
+    s_pools = pl.build_pools(_head_sets(2, 4, 5), 5)
+    cfg = TrainConfig(epochs=1, batch=1, lr=3e-3, precision="fp32", seed=0, gradient_checkpointing=False)
+    arm = arms.ArmConfig(arm="mistill", lambda_p1=1.0, lambda_p2=1.0, row_chunk=4)
+
+    def trainer(out, arm=arm):
+        return Trainer(_model(tok, seed=3, layers=2), _batches(setup, tok, arm), arm, cfg, tmp_path / out,
+                       pools=s_pools, run_config={"provenance": {"stage": out}})
+
+    trainer("main").run()
+    trained = trainer("trained")
+    assert not trained.same_run_as(tmp_path / "trained")        # itself, not yet run
+    trained.run()
+    taken = trainer("taken")
+    assert taken.same_run_as(tmp_path / "main")
+    taken.reuse(tmp_path / "main")
+
+    def files(run):
+        return {p.relative_to(tmp_path / run).as_posix(): p.read_bytes()
+                for p in sorted((tmp_path / run).rglob("*")) if p.is_file() and p.relative_to(tmp_path / run).as_posix() != "config.json"}
+
+    weights = "model/model.safetensors"
+    assert files("taken")[weights] == files("trained")[weights] == files("main")[weights]
+    assert files("taken").keys() == files("trained").keys()
+    assert files("taken")["model/config.json"] == files("trained")["model/config.json"]   # the model's own config
+    config = json.loads((tmp_path / "taken" / "config.json").read_text())
+    assert config["same_run_as"] == str(tmp_path / "main") and config["provenance"] == {"stage": "taken"}
+    lighter = arms.ArmConfig(arm="mistill", lambda_p1=0.3, lambda_p2=1.0, row_chunk=4)
+    assert not trainer("lighter", lighter).same_run_as(tmp_path / "main")
+    unfinished = trainer("unfinished")
+    unfinished.run(max_steps=1)
+    assert not trainer("another").same_run_as(tmp_path / "unfinished")
+
+
 def test_mistill_attention_term_falls_during_short_training(setup, tmp_path):
     tok = setup["tok"]
     s_pools = pl.build_pools(_head_sets(2, 4, 5), 5)

@@ -14,10 +14,12 @@ REPO = Path(__file__).resolve().parents[2]
 
 
 def copy_pipeline(dst: Path, src: Path = REPO) -> None:
-    """The pipeline's files (the root dvc.yaml and the family files, mistill.repro.pipeline) into `dst`."""
+    """The pipeline's files (the root dvc.yaml, the pipelines' dvc.yaml files, mistill.repro.pipeline, and the
+    family files their family stages run, mistill.repro.families) into `dst`."""
+    from mistill.repro.families import family_files
     from mistill.repro.pipeline import pipeline_files
 
-    for name in pipeline_files(src):
+    for name in [*pipeline_files(src), *family_files(src)]:
         (dst / name).parent.mkdir(parents=True, exist_ok=True)
         shutil.copy(src / name, dst / name)
 SHARED_SPEC = REPO.parent / "shared" / "spec" / "paper_registry.yaml"

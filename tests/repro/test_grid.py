@@ -23,6 +23,10 @@ def test_a_job_per_training_run_with_its_evaluation_and_own_heads_chain():
     baseline_runs = {arm: len(section["runs"]) for arm, section in params["baselines"].items() if isinstance(section, dict)}
     variants = len(params["variants"]["arms"])
     assert len(jobs) == runs + variants + sum(baseline_runs.values())
+    by_name = {job.name: job for job in jobs}
+    first = next(iter(params["variants"]["evaluated"]))
+    assert by_name[f"DT-variant@{first}"].stages[0][1] == (
+        f"mistill repro family pipelines/distill/families.yaml DT-variant --item DT-variant@{first}")
     for job in jobs:
         names = [stage for stage, _ in job.stages]
         key = job.name.split("@")[1]
@@ -32,9 +36,13 @@ def test_a_job_per_training_run_with_its_evaluation_and_own_heads_chain():
             family = {"DT-000": "vanilla", "DT-001": "mistill", "DT-variant": "variant"}[stage]
             # the arm's own-trace read (App. L.4) joins its job: every main arm, the variants params list
             own = stage != "DT-variant" or key in params["variants"]["own_traces"]
-            assert sorted(n.split("@")[0] for n in names[1:]) == [f"EV-{family}", f"M6-{family}"] + (
+            evaluated = stage != "DT-variant" or key in params["variants"]["evaluated"]
+            chain = stage != "DT-variant" or key in params["variants"]["own_heads"]
+            assert sorted(n.split("@")[0] for n in names[1:]) == (
+                [f"EV-{family}"] if evaluated else []) + ([f"M6-{family}"] if chain else []) + (
                 [f"OWN-{family}"] if own else [])
-            assert job.stages[0][1].startswith("mistill distill train")
+            assert job.stages[0][1].startswith("mistill distill train" if stage != "DT-variant" else
+                                               "mistill repro family pipelines/distill/families.yaml")
         else:   # a baseline arm: its evaluation, and Feature-KD's own-heads chain
             arm = stage.removeprefix("DT-000-")
             assert sorted(n.split("@")[0] for n in names[1:]) == [f"EV-{arm}"] + (["M6-featurekd"] if arm == "featurekd" else [])
@@ -62,9 +70,10 @@ def test_jobs_run_through_the_local_executor(tmp_path):
         submit([], tmp_path, executor("local", tmp_path / "logs"))
 
 
-def test_a_control_is_one_params_entry_that_adds_its_stages_and_stales_nothing_else(tmp_path):
-    """Issue of the grid: a new entry of params variants.arms resolves to its own DT-, EV- and M6-variant
-    stages, and no other stage's parameters include the variants' list, so it leaves them as they were."""
+def test_a_control_is_one_params_entry_that_adds_its_items_and_stales_nothing_else(tmp_path):
+    """Issue of the grid: a new entry of params variants.arms resolves to its own DT-variant item (and its EV- and
+    M6-variant items once variants.evaluated and variants.own_heads list it); no other stage's parameters include
+    the variants' list, and no other item's key reads the new entry, so it leaves them as they were."""
     import shutil
     import subprocess
 
@@ -72,30 +81,43 @@ def test_a_control_is_one_params_entry_that_adds_its_stages_and_stales_nothing_e
     from dvc.repo import Repo
 
     from mistill.params import load_all
+    from mistill.repro.families import Digests, item_key, pipeline_families
 
     copy_pipeline(tmp_path)
     shutil.copy(REPO / "params.yaml", tmp_path / "params.yaml")
     subprocess.run([sys.executable, "-m", "dvc", "init", "--no-scm", "-q"], cwd=tmp_path, check=True)
     data = load_all(tmp_path / "params.yaml")
-    data["demo"]["variants"]["arms"]["fakectl"] = {"student": "smol", "seed": 2, "precision": "bf16", "k": 3}
+
+    def families():
+        with Repo(str(tmp_path)) as repo:
+            stages = {stage.name: stage for stage in repo.index.stages}
+            return stages, pipeline_families(tmp_path, stages.values())
+
+    def keys(families, params):
+        digests = lambda path: path   # the dependencies' paths stand for their content: both runs share them
+        return {i.name: item_key(i, params, digests) for f in families.values() for i in f.items}
+
+    _, before = families()
+    entry = {"student": "smol", "seed": 2, "precision": "bf16", "k": 3}
+    for listing in ("arms", "evaluated", "own_heads"):
+        data["demo"]["variants"][listing]["fakectl"] = entry
     (tmp_path / "params.yaml").write_text(yaml.safe_dump(data, sort_keys=False))
-    with Repo(str(tmp_path)) as repo:
-        stages = {stage.name: stage for stage in repo.index.stages}
-    for group in ("DT-variant", "EV-variant", "M6-variant"):
-        assert f"{group}@fakectl" in stages
-    assert "--variant fakectl" in stages["DT-variant@fakectl"].cmd
-    assert [str(o) for o in stages["DT-variant@fakectl"].outs] == [
-        "artifacts/variants/DT-001/student-smol-fakectl-bf16-s2"]
+    stages, after = families()
+    items = {i.name: i for f in after.values() for i in f.items}
+    for family in ("DT-variant", "EV-variant", "M6-variant"):
+        assert f"{family}@fakectl" in items and family in stages and f"{family}@fakectl" not in stages
+    assert "--variant fakectl" in items["DT-variant@fakectl"].commands[0]
+    assert items["DT-variant@fakectl"].outs == (("artifacts/variants/DT-001/student-smol-fakectl-bf16-s2", True),)
+    assert "profile.variants.arms.fakectl" in items["DT-variant@fakectl"].params
+    old, new = keys(before, {"profile": data["demo"]}), keys(after, {"profile": data["demo"]})
+    assert {n: k for n, k in new.items() if n in old} == old      # every other item keeps its key
+
     def params_of(stage):
         return [key for dep in stage.deps if hasattr(dep, "params") for key in (dep.params or [])]
 
-    assert "profile.variants.arms.fakectl" in params_of(stages["DT-variant@fakectl"])
     for name, stage in stages.items():
-        params = params_of(stage)
-        reads_whole_list = [key for key in params if key in ("profile.variants", "profile.variants.arms")]
-        assert not reads_whole_list, (name, reads_whole_list)
-        if name.startswith("DT-variant@") and name != "DT-variant@fakectl":
-            assert "profile.variants.arms.fakectl" not in params
+        reads_whole_list = [key for key in params_of(stage) if key in ("profile.variants", "profile.variants.arms")]
+        assert not reads_whole_list or name in after, (name, reads_whole_list)   # the family stages alone
 
 
 @pytest.mark.filterwarnings("ignore::DeprecationWarning")
@@ -107,6 +129,8 @@ def test_the_mistill_runs_depend_on_the_selection_stage_they_read(tmp_path):
     import subprocess
 
     from dvc.repo import Repo
+
+    from mistill.repro.families import family_items
 
     copy_pipeline(tmp_path)
     shutil.copy(REPO / "params.yaml", tmp_path / "params.yaml")
@@ -124,8 +148,8 @@ def test_the_mistill_runs_depend_on_the_selection_stage_they_read(tmp_path):
         main = [n for n in stages if n.startswith("DT-001@")]
         assert main and all(graph.has_edge(stages[n], stages[f"DT-select@{params['distill']['lambda_from']}"])
                             for n in main)
-        variants = [n for n in stages if n.startswith("DT-variant@")]
+        variants = [i.name for i in family_items(tmp_path, "pipelines/distill/families.yaml", "DT-variant")]
         assert {n.split("@")[1] for n in variants} >= set(own)
-        assert all(graph.has_edge(stages[n], stages[w]) for n in variants for w in writers)
+        assert all(graph.has_edge(stages["DT-variant"], stages[w]) for w in writers)   # the family stage
         assert not [n for n in stages if n.startswith("DT-000@") and any(graph.has_edge(stages[n], stages[w])
                                                                          for w in writers)]   # Vanilla has no λ

@@ -82,9 +82,12 @@ def test_jitter_weights_moves_float_tensors_by_the_scale_and_is_seeded(tmp_path)
 def test_no_replicate_stage_may_write_a_hard_linked_input(config):
     outs = stage_outs(REPO, config.stages)
     check_inputs_not_written(config, outs)                         # the demo's configuration is safe
-    # an item names its own outputs only; a group all of its items'
+    # an item names its own outputs only; a family stage the directory that holds all of its items'
     assert outs["DT-variant@nowindow"] == ["artifacts/variants/DT-001/student-qwen-nowindow-bf16-s0"]
-    assert len(stage_outs(REPO, ("DT-variant",))["DT-variant"]) == len(load_params(REPO / "params.yaml")["variants"]["arms"])
+    assert stage_outs(REPO, ("DT-variant",))["DT-variant"] == ["artifacts/variants/DT-001"]
+    distill = load_params(REPO / "params.yaml")["distill"]   # a matrix group: every item's output
+    assert len(stage_outs(REPO, ("DT-000",))["DT-000"]) == (
+        len(distill["students"]) * len(distill["vanilla_precisions"]) * len(distill["seeds"]))
     with pytest.raises(UserError, match="hard-linked input artifacts/TR-008"):
         check_inputs_not_written(config, {**outs, "X": ["artifacts/TR-008/events"]})
 
@@ -327,3 +330,42 @@ def test_a_refreshed_workspace_keeps_its_dvc_state_and_a_half_built_one_starts_o
     ws.build(repo, data, config)
     assert not (ws.root / "dvc-gone").exists() and not (ws.root / "results").exists()
     assert not ws.up_to_date(targets)
+
+
+def test_a_replicate_runs_the_family_items_it_names_and_no_other(tmp_path):
+    """calibration.stages may name one item of a family stage (`COUNT@first`): the replicate runs that item alone,
+    through the family runner as the family stage would, reads its result, and finds it up to date next time."""
+    import json
+    import subprocess
+
+    from mistill.repro.replicates import FamilyItemTarget, calibration_targets, run_replicates
+
+    repo, config = _counting_repo(tmp_path)
+    (repo / "pipelines" / "counts").mkdir(parents=True)
+    count = ("mkdir -p artifacts/counts && python -c \"import json; json.dump({'lines': len(open('artifacts/data/"
+             "notes.jsonl').readlines()) * ${item}}, open('artifacts/counts/${key}.json', 'w'))\"")
+    (repo / "pipelines" / "counts" / "families.yaml").write_text(yaml.safe_dump({"stages": {"COUNT": {
+        "foreach": {"first": 1, "second": 2},
+        "do": {"wdir": "../..", "cmd": count, "deps": ["artifacts/data/notes.jsonl"],
+               "outs": [{"artifacts/counts/${key}.json": {"persist": True}}]}}}}))
+    (repo / "pipelines" / "counts" / "dvc.yaml").write_text(yaml.safe_dump({"stages": {"COUNT": {
+        "wdir": "../..", "cmd": "mistill repro family pipelines/counts/families.yaml COUNT",
+        "deps": ["pipelines/counts/families.yaml", "artifacts/data/notes.jsonl"],
+        "outs": [{"artifacts/counts": {"persist": True}}]}}}))
+    read = ("mkdir -p results && cp artifacts/counts/first.json results/R-X.json")
+    (repo / "dvc.yaml").write_text(yaml.safe_dump({"stages": {"R-X": {
+        "cmd": read, "deps": ["artifacts/counts/first.json"], "outs": ["results/R-X.json"]}}}))
+    config = dataclasses.replace(config, stages=("COUNT@first", "R-X"))
+    subprocess.run([sys.executable, "-m", "dvc", "init", "--no-scm", "-q"], cwd=repo, check=True)
+    assert calibration_targets(repo, config.stages) == {
+        "COUNT@first": FamilyItemTarget("pipelines/counts/families.yaml", "COUNT", "COUNT@first"), "R-X": "R-X"}
+    assert stage_outs(repo, config.stages)["COUNT@first"] == ["artifacts/counts/first.json"]
+    assert stage_deps(repo, ("COUNT@first",)) == {"COUNT@first": ["artifacts/data/notes.jsonl"]}
+    logged: list[str] = []
+    run_replicates(repo, config, log=logged.append)
+    workspace = repo / "scratch" / "one"
+    assert json.loads((repo / "out" / "one" / "R-X.json").read_text()) == {"lines": 1}
+    assert not (workspace / "artifacts" / "counts" / "second.json").exists()     # the item no stage names
+    logged.clear()
+    run_replicates(repo, config, log=logged.append)
+    assert logged == ["one: done earlier, every stage up to date (1 thread(s))"]

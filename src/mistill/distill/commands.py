@@ -239,6 +239,13 @@ def cmd_train(args) -> int:
         reference = run_dir(cfg["runs_dir"], student_key, "mistill", precision, seed)
         lam = match_dose(trainer, first_step_extra(reference))
         print(f"dose matched to {reference.name}'s first step: lambda_p1 = lambda_p2 = {lam:.4g}")
+    main_run = run_dir(cfg["runs_dir"], student_key, args.arm, precision, seed)
+    if args.arm == "mistill" and args.max_steps is None and trainer.same_run_as(main_run):
+        # a variant whose recipe resolves to the main Mistill run's (the demo's mistillpick: its λ grid is the
+        # recipe's) is that run: its files are taken, not trained again (DT-variant reads DT-001)
+        trainer.reuse(main_run)
+        print(f"{args.arm}: the same run as {main_run}; its files -> {out}")
+        return 0
     rows = trainer.run(max_steps=args.max_steps)
     if rows and hasattr(student_tok, "save") and (out / "model").exists():   # a finished run is left as it was
         student_tok.save(out / "model")

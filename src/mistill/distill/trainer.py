@@ -24,6 +24,7 @@ import math
 import platform
 import random
 import resource
+import shutil
 import time
 import types
 from dataclasses import dataclass
@@ -272,6 +273,30 @@ class Trainer:
                     if row["step"] <= self.step:
                         fh.write(json.dumps(row) + "\n")
         return True
+
+    # -- reuse --------------------------------------------------------------------------
+    def same_run_as(self, other_dir: Path) -> bool:
+        """Whether `other_dir` holds a finished run of this very run: the same identity (objective, recipe, notes,
+        student, teacher, targets, pools) and every step taken. Training is deterministic on a machine, so such a
+        run's files are the files this one would write."""
+        config_path = Path(other_dir) / "config.json"
+        if Path(other_dir).resolve() == self.out_dir.resolve() or not config_path.is_file():
+            return False
+        if not (Path(other_dir) / "model").is_dir():
+            return False
+        other = json.loads(config_path.read_text(encoding="utf-8"))
+        ours = json.loads(json.dumps(self.run_config))       # as config.json holds it: tuples read back as lists
+        return (other.get("total_steps") == self.total_steps
+                and all(other.get(k) == ours.get(k) for k in self.RUN_IDENTITY))
+
+    def reuse(self, other_dir: Path) -> None:
+        """Take a finished run of this very run (`same_run_as`) as this run's result: its weights, log and
+        checkpoint copied, this run's config written with the run it came from."""
+        other_dir = Path(other_dir)
+        if self.out_dir.exists():
+            shutil.rmtree(self.out_dir)
+        shutil.copytree(other_dir, self.out_dir, ignore=shutil.ignore_patterns(".*.tmp"))
+        write_json(self.out_dir / "config.json", {**self.run_config, "resumed": False, "same_run_as": str(other_dir)})
 
     # -- training -------------------------------------------------------------------------
     def note_loss(self, batch) -> tuple[torch.Tensor, dict]:

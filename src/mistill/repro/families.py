@@ -30,6 +30,8 @@ import fnmatch
 import hashlib
 import json
 import os
+import re
+import shlex
 import shutil
 import subprocess
 from dataclasses import dataclass
@@ -46,6 +48,9 @@ from mistill.params import FAST_SAFE_LOADER
 
 IGNORED = ".*.tmp"   # .dvcignore: the temporary siblings of atomic writes
 PARAMS_FILE = "params.yaml"
+FAMILY_FILES = "pipelines/*/families.yaml"
+# the command of a family stage in a dvc.yaml: `mistill repro family FILE NAME`
+FAMILY_COMMAND = re.compile(r"^mistill repro family (?P<file>\S+) (?P<name>\S+)$")
 
 
 @dataclass(frozen=True)
@@ -164,8 +169,13 @@ def run_item(root: Path, item: FamilyItem) -> None:
                             "next run starts with this item")
 
 
+def stale_items(root: Path, family_file: str, family: str, only: list[str] | None = None) -> list[str]:
+    """The items of `family` (or of `only`) whose inputs changed since they last ran, without running them."""
+    return run_family(root, family_file, family, only=only, dry=True, quiet=True)
+
+
 def run_family(root: Path, family_file: str, family: str, *, only: list[str] | None = None,
-               dry: bool = False) -> list[str]:
+               dry: bool = False, quiet: bool = False) -> list[str]:
     """Run the items of `family` whose inputs changed (or `only` these item names); the names run."""
     root = Path(root)
     items = family_items(root, family_file, family)
@@ -182,12 +192,55 @@ def run_family(root: Path, family_file: str, family: str, *, only: list[str] | N
         if recorded_key(root, item) == key:
             continue
         if dry:
-            print(f"{item.name}:", *(f"> {c}" for c in item.commands), sep="\n")
+            if not quiet:
+                print(f"{item.name}:", *(f"> {c}" for c in item.commands), sep="\n")
         else:
             print(f"Running family item '{item.name}':", flush=True)
             run_item(root, item)
             with atomic_open(root / item.key_file, "w", encoding="utf-8") as fh:
                 fh.write(key + "\n")
         ran.append(item.name)
-    print(f"{family}: {len(ran)} of {len(items)} items {'to run' if dry else 'run'}, the rest up to date")
+    if not quiet:
+        print(f"{family}: {len(ran)} of {len(items)} items {'to run' if dry else 'run'}, the rest up to date")
     return ran
+
+
+def family_files(root: str | Path = ".") -> list[Path]:
+    """The family files beside the pipeline files, relative to `root` (what a copy of the project needs too)."""
+    root = Path(root)
+    return sorted(p.relative_to(root) for p in root.glob(FAMILY_FILES))
+
+
+def family_of(command: str) -> tuple[str, str] | None:
+    """(family file, family) of a family stage's command, or None for any other command."""
+    match = FAMILY_COMMAND.match(" ".join(str(command).split()))
+    return (match["file"], match["name"]) if match else None
+
+
+def item_command(family_file: str, family: str, item: str) -> str:
+    """The command that runs one item of a family alone (and records its key), as the family stage would."""
+    return f"mistill repro family {shlex.quote(family_file)} {shlex.quote(family)} --item {shlex.quote(item)}"
+
+
+@dataclass(frozen=True)
+class FamilyStage:
+    """A family stage of the pipeline (its DVC stage name) and its resolved items."""
+
+    stage: str
+    family_file: str
+    family: str
+    items: tuple[FamilyItem, ...]
+
+    def command(self, item: FamilyItem) -> str:
+        return item_command(self.family_file, self.family, item.name)
+
+
+def pipeline_families(root: Path, stages) -> dict[str, FamilyStage]:
+    """The family stages among DVC's `stages` (objects with `.name` and `.cmd`), by stage name, items resolved."""
+    found = {}
+    for stage in stages:
+        family = family_of(getattr(stage, "cmd", "") or "")
+        if family is not None:
+            found[stage.name] = FamilyStage(stage.name, family[0], family[1],
+                                            tuple(family_items(Path(root), *family)))
+    return found

@@ -46,9 +46,12 @@ class Job:
 
 
 def arm_jobs(repo: str | Path, train_stages: Sequence[str]) -> list[Job]:
-    """A job per matrix item of `train_stages`, with the items downstream of it that share its key."""
+    """A job per matrix item of `train_stages`, with the items downstream of it that share its key. A family
+    stage (mistill.repro.families) counts as the matrix of its items, each run by `mistill repro family --item`."""
     import networkx as nx
     from dvc.repo import Repo
+
+    from mistill.repro.families import pipeline_families
 
     with Repo(str(repo)) as dvc:
         graph = dvc.index.graph                 # edges point from a stage to the stages it depends on
@@ -56,14 +59,25 @@ def arm_jobs(repo: str | Path, train_stages: Sequence[str]) -> list[Job]:
         unknown = [t for t in train_stages if not any(n.split("@")[0] == t for n in by_name)]
         if unknown:
             raise UserError(f"grid.train_stages: no stage {', '.join(unknown)} in the pipeline files")
+        families = pipeline_families(Path(repo), graph)
         order = {s.name: i for i, s in enumerate(reversed(list(nx.topological_sort(graph))))}
+
+        def items(stage) -> dict[str, tuple[str, str]]:
+            """key -> (item name, command) of a matrix item or of each item of a family stage."""
+            if stage.name in families:
+                family = families[stage.name]
+                return {i.name.split("@", 1)[1]: (i.name, family.command(i)) for i in family.items}
+            if "@" in stage.name:
+                return {stage.name.split("@", 1)[1]: (stage.name, stage.cmd)}
+            return {}
+
         jobs = []
-        for name in sorted(n for n in by_name if "@" in n and n.split("@")[0] in train_stages):
-            key = name.split("@", 1)[1]
-            downstream = [s.name for s in nx.ancestors(graph, by_name[name]) if s.name.endswith(f"@{key}")]
-            stages = sorted([name, *downstream], key=order.__getitem__)
-            jobs.append(Job(name, tuple((s, by_name[s].cmd) for s in stages)))
-    return jobs
+        for train in sorted((s for s in graph if s.name.split("@")[0] in train_stages), key=lambda s: s.name):
+            downstream = sorted(nx.ancestors(graph, train), key=lambda s: order[s.name])
+            for key, first in sorted(items(train).items()):
+                stages = [first, *(items(s)[key] for s in downstream if key in items(s))]
+                jobs.append(Job(first[0], tuple(stages)))
+    return sorted(jobs, key=lambda job: job.name)
 
 
 def executor(kind: str, folder: str | Path, slurm: Mapping[str, Any] | None = None):

@@ -63,6 +63,7 @@ from filelock import FileLock, Timeout
 
 from mistill.errors import UserError
 from mistill.io import write_json
+from mistill.repro.families import FamilyStage, family_files, pipeline_families, stale_items
 from mistill.repro.machine import cpu_type, describe_machine
 from mistill.repro.pipeline import pipeline_files, stage_addresses
 
@@ -242,7 +243,7 @@ class Workspace:
         if self.root.exists() and not (self.root / ".dvc").is_dir():
             shutil.rmtree(self.root)              # a half-built workspace from a killed run
         self.root.mkdir(parents=True, exist_ok=True)
-        for name in [*pipeline_files(repo), *PROJECT_FILES]:
+        for name in [*pipeline_files(repo), *family_files(repo), *PROJECT_FILES]:
             if (repo / name).exists():
                 (self.root / name).parent.mkdir(parents=True, exist_ok=True)
                 shutil.copy2(repo / name, self.root / name)
@@ -274,20 +275,75 @@ class Workspace:
             _dvc(["init", "--no-scm", "-q"], self.root)
             _dvc(["config", "core.analytics", "false"], self.root)
 
-    def up_to_date(self, stages: dict[str, str]) -> bool:
-        """Whether DVC finds every stage's outputs current with its code, inputs and params here."""
-        return _dvc(["status", "--quiet", *stages.values()], self.root, check=False) == 0
+    def up_to_date(self, stages: dict[str, str | FamilyItemTarget]) -> bool:
+        """Whether DVC finds every stage's outputs current with its code, inputs and params here, and every
+        family item's its recorded key."""
+        dvc_targets = [t for t in stages.values() if isinstance(t, str)]
+        items = [t for t in stages.values() if isinstance(t, FamilyItemTarget)]
+        if dvc_targets and _dvc(["status", "--quiet", *dvc_targets], self.root, check=False) != 0:
+            return False
+        return not any(stale_items(self.root, t.family_file, t.family, [t.item]) for t in items)
 
-    def run_stages(self, stages: dict[str, str], log) -> list[dict[str, Any]]:
-        """Run each stage (name -> its DVC target) alone, in order; return their wall times."""
+    def run_stages(self, stages: dict[str, str | FamilyItemTarget], log) -> list[dict[str, Any]]:
+        """Run each stage (name -> its DVC target, or a family item) alone, in order; return their wall times."""
         times = []
         for stage, target in stages.items():
             start = time.perf_counter()
-            _dvc(["repro", "--single-item", target], self.root, dict(self.rep.env))
+            if isinstance(target, FamilyItemTarget):
+                _family_item(target, self.root, dict(self.rep.env))
+            else:
+                _dvc(["repro", "--single-item", target], self.root, dict(self.rep.env))
             seconds = time.perf_counter() - start
             times.append({"stage": stage, "wall_s": round(seconds, 1)})
             log(f"  {self.rep.name}: {stage} {seconds:.0f} s")
         return times
+
+
+@dataclass(frozen=True)
+class FamilyItemTarget:
+    """An item of a family stage (mistill.repro.families), run alone as the family stage would run it."""
+
+    family_file: str
+    family: str
+    item: str
+
+
+def _family_item(target: FamilyItemTarget, cwd: Path, extra_env: dict[str, str]) -> None:
+    """Run one family item in a workspace (its output to the workspace's log), as the family stage runs it."""
+    path = f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"
+    env = {**os.environ, **extra_env, "PATH": path}
+    env.pop("DVC_STAGE", None)
+    log_path = cwd / "replicate.log"
+    command = [sys.executable, "-m", "mistill.cli", "repro", "family", target.family_file, target.family,
+               "--item", target.item]
+    with log_path.open("a", encoding="utf-8") as log:
+        log.write(f"$ mistill repro family {target.family_file} {target.family} --item {target.item}\n")
+        log.flush()
+        done = subprocess.run(command, cwd=cwd, stdout=log, stderr=subprocess.STDOUT, env=env)
+    if done.returncode != 0:
+        raise UserError(f"calibration: family item {target.item} failed in {cwd} (exit {done.returncode}); "
+                        f"see {log_path}")
+
+
+def calibration_targets(repo: Path, stages: tuple[str, ...]) -> dict[str, str | FamilyItemTarget]:
+    """Each name of calibration.stages as what runs it: a DVC target, or an item of a family stage
+    (`DT-variant@nowindow`, which a family stage runs among its items)."""
+    items = _family_items(repo)
+    targets = stage_addresses(repo, [s for s in stages if s not in items])
+    for name in stages:
+        if name in items:
+            family = items[name]
+            targets[name] = FamilyItemTarget(family.family_file, family.family, name)
+    return {name: targets[name] for name in stages}
+
+
+def _family_items(repo: Path) -> dict[str, FamilyStage]:
+    """Every item name of the pipeline's family stages -> its family stage."""
+    from dvc.repo import Repo
+
+    with Repo(str(repo)) as dvc_repo:
+        families = pipeline_families(repo, dvc_repo.index.stages)
+    return {item.name: family for family in families.values() for item in family.items}
 
 
 def _dvc(args: list[str], cwd: Path, extra_env: dict[str, str] | None = None, *, check: bool = True) -> int:
@@ -343,6 +399,10 @@ def _stage_paths(repo: Path, stages: tuple[str, ...], kind: str) -> dict[str, li
                 paths.setdefault(key, []).extend(
                     Path(os.path.relpath(p.fs_path, repo)).as_posix() for p in getattr(stage, kind)
                     if not isinstance(p, ParamsDependency))
+        for family in pipeline_families(repo, dvc_repo.index.stages).values():
+            for item in family.items:
+                if item.name in stages:      # an item of a family stage: its own outputs and dependencies
+                    paths[item.name] = [out for out, _ in item.outs] if kind == "outs" else list(item.deps)
     missing = [s for s in stages if s not in paths]
     if missing:
         raise UserError(f"calibration.stages names stage(s) no pipeline file defines: {', '.join(missing)}")
@@ -396,7 +456,7 @@ def run_replicates(repo: Path, config: CalibrationConfig, replicates: tuple[Repl
     if not config.replicates:
         raise UserError("params.yaml calibration.replicates is empty: this profile has no replicates to run "
                         "(its expected values are not calibrated here)")
-    targets = stage_addresses(repo, config.stages)
+    targets = calibration_targets(repo, config.stages)
     outs = stage_outs(repo, config.stages)
     deps = stage_deps(repo, config.stages)
     check_inputs_not_written(config, outs)
@@ -426,7 +486,7 @@ def run_replicates(repo: Path, config: CalibrationConfig, replicates: tuple[Repl
 
 
 def _run_one(repo: Path, config: CalibrationConfig, rep: Replicate, data: dict[str, Any],
-             targets: dict[str, str], log) -> Path:
+             targets: dict[str, str | FamilyItemTarget], log) -> Path:
     """One replicate, under its lock: its workspace laid out again, its stages run unless DVC finds them all
     current and its numbers were written, its numbers copied out; returns their directory."""
     out_dir = repo / config.out / rep.name
