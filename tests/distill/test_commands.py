@@ -111,6 +111,10 @@ def test_a_recipe_variant_trains_its_switches_under_the_variants_directory(proje
     cfg = json.loads((run / "config.json").read_text())
     assert cfg["arm"]["window"] == 0 and cfg["train"]["seed"] == 3 and cfg["train"]["precision"] == "bf16"
     assert not (project / "runs").exists()
+    # --out moves the run, never its switches
+    assert main(["distill", "train", "--variant", "nowindow", "--out", "elsewhere", "--max-steps", "1"]) == 0
+    moved = json.loads((project / "elsewhere" / "config.json").read_text())
+    assert moved["arm"]["window"] == 0 and moved["train"]["seed"] == 3
 
 
 def test_a_learning_curve_variant_trains_on_its_subset_of_the_notes(project):

@@ -138,3 +138,35 @@ def test_an_item_s_outputs_are_removed_before_it_reruns_unless_persistent(projec
         (project / "params.yaml").write_text(PARAMS)
         assert _run(project, only=["copies@second"]) == ["copies@second"]
         assert sorted(p.name for p in (project / "out" / str(persist) / "second").iterdir()) == kept
+
+
+SIDE_BY_SIDE = "profile: {compute: {family_jobs: 2}, models: {threads: 2}}\n"
+
+
+def test_items_run_side_by_side_each_on_its_share_of_the_threads(project):
+    """compute.family_jobs 2: two items at a time, each with MISTILL_THREADS = models.threads / 2, its output in its
+    own log; the thread count is part of each item's key, so a change of family_jobs reruns every item."""
+    text = FAMILIES.replace("echo ${key} >> runs.log", "echo ${key} $MISTILL_THREADS >> runs.log")
+    (project / "pipelines" / "copies" / "families.yaml").write_text(text)
+    (project / "params.yaml").write_text(PARAMS + SIDE_BY_SIDE)
+    assert _run(project) == ["copies@first", "copies@second"]
+    assert sorted((project / "runs.log").read_text().splitlines()) == ["first 1", "second 1"]
+    log = (project / ".dvc" / "tmp" / "mistill" / "families" / "copies@first.log").read_text().splitlines()
+    assert log[0].startswith("> echo first") and log[1].startswith("> mkdir")          # every command's
+    assert _run(project) == []
+    (project / "params.yaml").write_text(PARAMS)                     # one at a time: other threads, other keys
+    assert _run(project) == ["copies@first", "copies@second"]
+    assert (project / "runs.log").read_text().splitlines()[-2:] == ["first", "second"]
+
+
+def test_side_by_side_a_failure_lets_the_running_item_finish_and_starts_no_other(project):
+    (project / "data" / "c.txt").write_text("C\n")
+    params = PARAMS + "  third: {source: c.txt, size: 3}\n" + SIDE_BY_SIDE
+    (project / "params.yaml").write_text(params)
+    text = FAMILIES.replace("echo ${key} >> runs.log", "echo ${key} >> runs.log && (test -e ok || test ${key} != first)")
+    (project / "pipelines" / "copies" / "families.yaml").write_text(text)
+    with pytest.raises(UserError, match=r"copies@first: .* \(its output: .*copies@first.log\)"):
+        _run(project)
+    assert sorted((project / "runs.log").read_text().split()) == ["first", "second"]    # third never started
+    (project / "ok").write_text("")                                                    # not an input: no key moves
+    assert _run(project) == ["copies@first", "copies@third"]                           # second's key was recorded

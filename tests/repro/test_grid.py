@@ -81,7 +81,7 @@ def test_a_control_is_one_params_entry_that_adds_its_items_and_stales_nothing_el
     from dvc.repo import Repo
 
     from mistill.params import load_all
-    from mistill.repro.families import Digests, item_key, pipeline_families
+    from mistill.repro.families import item_key, pipeline_families
 
     copy_pipeline(tmp_path)
     shutil.copy(REPO / "params.yaml", tmp_path / "params.yaml")

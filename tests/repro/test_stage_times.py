@@ -94,8 +94,39 @@ def test_json_record_has_the_families_and_dvc_time_apart(tmp_path, monkeypatch, 
     out = tmp_path / "record.json"
     assert main(["repro", "stage-times", "--log", str(log), "--json", str(out)]) == 0
     record = json.loads(out.read_text())
-    assert record["families"] == {"DT-000": {"runs": 2, "wall_s": 40.0, "cpu_s": 2.0},
-                                  "readers (R-C*, R-D*)": {"runs": 1, "wall_s": 15.0, "cpu_s": 0.5}}
+    assert record["families"] == {"DT-000": {"runs": 2, "wall_s": 40.0, "cpu_s": 2.0, "elapsed_s": 41.0},
+                                  "readers (R-C*, R-D*)": {"runs": 1, "wall_s": 15.0, "cpu_s": 0.5,
+                                                           "elapsed_s": 15.0}}
     assert (record["stages"], record["commands_s"], record["between_stages_s"]) == (3, 55.0, 4.0)
+    assert record["elapsed_s"] == 59.0
     assert (record["gaps"], record["median_gap_s"], record["pauses_left_out"]) == (2, 2.0, 0)
     assert record["machine"]
+
+
+def test_family_items_side_by_side_count_once_in_the_elapsed_time(tmp_path, monkeypatch, capsys):
+    """Two items of a family run side by side: their walls sum to more than the family's span, which is what the
+    record's elapsed time counts; the family command itself records nothing (its items record themselves)."""
+    log = tmp_path / "times.jsonl"
+    log.write_text("".join(json.dumps(x) + "\n" for x in [
+        _line("DT-variant@a", 10.0, started="2026-12-01T00:00:00+00:00"),
+        _line("DT-variant@b", 12.0, started="2026-12-01T00:00:01+00:00"),
+        _line("DT-variant@c", 5.0, started="2026-12-01T00:00:10+00:00")]))
+    out = tmp_path / "record.json"
+    assert main(["repro", "stage-times", "--log", str(log), "--json", str(out)]) == 0
+    record = json.loads(out.read_text())
+    assert record["families"]["DT-variant"] == {"runs": 3, "wall_s": 27.0, "cpu_s": 3.0, "elapsed_s": 15.0}
+    assert record["elapsed_s"] == 15.0 and record["between_stages_s"] == 0.0
+    import subprocess
+    import sys
+
+    (tmp_path / "params.yaml").write_text("profile: {compute: {family_jobs: 1}}\n")
+    (tmp_path / "families.yaml").write_text(
+        "stages:\n  F:\n    foreach: [a]\n    do:\n      cmd: echo ${item} > ${item}.txt\n      outs: [\"${item}.txt\"]\n")
+    subprocess.run([sys.executable, "-m", "dvc", "init", "--no-scm", "-q"], cwd=tmp_path, check=True)
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("DVC_STAGE", "F")
+    monkeypatch.setenv("DVC_ROOT", str(tmp_path))
+    assert main(["repro", "family", "families.yaml", "F"]) == 0 and (tmp_path / "a.txt").exists()
+    assert not (tmp_path / st.LOG).exists()
+    assert main(["repro", "stage-times", "--log", str(log)]) == 0          # another command of the stage: recorded
+    assert [json.loads(x)["command"] for x in (tmp_path / st.LOG).read_text().splitlines()] == ["repro stage-times"]

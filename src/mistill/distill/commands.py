@@ -170,8 +170,9 @@ def cmd_train(args) -> int:
     cfg = params["distill"]
     set_threads(params["models"])
     out = Path(args.out) if args.out else None
-    if args.variant:
-        out = out or apply_variant(args, params.get("variants") or {})
+    if args.variant:   # its switches always apply; --out moves only its directory
+        variant_dir = apply_variant(args, params.get("variants") or {})
+        out = out or variant_dir
     if args.arm is None and not args.variant:
         raise UserError("name the objective with --arm (vanilla or mistill), or a recipe variant with --variant")
     args.arm = args.arm or "mistill"   # a variant that names no arm varies the Mistill recipe

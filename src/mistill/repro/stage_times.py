@@ -51,6 +51,8 @@ def recorded(argv: list[str]):
     """
     # under torchrun the stage is one command on several processes: rank 0 records it
     address = os.environ.get("DVC_STAGE") if os.environ.get("RANK", "0") == "0" else None
+    if argv[:2] == ["repro", "family"]:
+        address = None        # a family stage: its items record themselves (mistill.repro.families)
     stage = stage_name(address) if address else None    # a family file's stage by its name alone
     start_wall, start_cpu = time.perf_counter(), time.process_time()
     started = datetime.now(timezone.utc).isoformat(timespec="milliseconds")
@@ -177,8 +179,12 @@ def family_record(times: list[StageTime]) -> dict:
         acc["runs"] += 1
         acc["wall_s"] = round(acc["wall_s"] + t.wall_s, 3)
         acc["cpu_s"] = round(acc["cpu_s"] + t.cpu_s, 3)
+    for name, acc in families.items():   # items side by side overlap: the family's span is its elapsed time
+        spans = [(t.start, t.start + t.wall_s) for t in times if t.family == name]
+        acc["elapsed_s"] = round(max(end for _, end in spans) - min(start for start, _ in spans), 3)
     between = between_stages(times)
-    return {"stages": len(times), "commands_s": round(between.commands_s, 3),
+    elapsed = max(t.start + t.wall_s for t in times) - min(t.start for t in times) if times else 0.0
+    return {"stages": len(times), "elapsed_s": round(elapsed, 3), "commands_s": round(between.commands_s, 3),
             "between_stages_s": round(between.total_s, 3), "gaps": len(between.gaps_s),
             "median_gap_s": round(statistics.median(between.gaps_s), 3) if between.gaps_s else None,
             "pauses_left_out": between.pauses, "families": families}
