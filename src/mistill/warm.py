@@ -59,10 +59,8 @@ WARM_MODULES = (
 # Environment variables that say where a command runs, not how a module imported: a caller may
 # differ from the server in these and still use it (DVC sets the first two; it also edits PATH,
 # which cannot matter here because the interpreter itself is compared; the shell's prompts differ
-# under an activated virtual environment, whose `activate` exports PS1). MISTILL_THREADS is read when a command
-# starts (mistill.models.loading.set_threads), never at import: a family runner's items set it.
-WHERE_NOT_HOW = frozenset({"DVC_ROOT", "DVC_STAGE", "PATH", "PWD", "OLDPWD", "SHLVL", "_", "PS1", "PS2", "PS4",
-                           "MISTILL_THREADS"})
+# under an activated virtual environment, whose `activate` exports PS1).
+WHERE_NOT_HOW = frozenset({"DVC_ROOT", "DVC_STAGE", "PATH", "PWD", "OLDPWD", "SHLVL", "_", "PS1", "PS2", "PS4"})
 FORWARDED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 READY = b"ready\n"
 RECEIVE_LIMIT = 1 << 20   # a request: arguments, directory and environment, as one JSON line

@@ -75,13 +75,13 @@ def test_readme_table_is_rewritten_between_markers_only(tmp_path, monkeypatch, c
     log.write_text("\n".join(json.dumps(x) for x in [_line("inventory", 2.0), _line("R-C1", 1.0)]) + "\n")
     readme = tmp_path / "README.md"
     readme.write_text(f"intro\n{st.README_BEGIN}\nold table\n{st.README_END}\noutro\n")
-    assert main(["repro", "stage-times", "--log", str(log), "--readme", str(readme)]) == 0
+    assert main(["repro", "stage-times", "--log", str(log), "--doc", str(readme)]) == 0
     text = readme.read_text()
     assert text.startswith("intro\n") and text.endswith(f"{st.README_END}\noutro\n") and "old table" not in text
     assert "| inventory | 1 | 2.0 | 67% | 1.0 |" in text and "| readers (R-C*, R-D*) | 1 | 1.0 | 33% | 1.0 |" in text
     assert "Between stages DVC itself took 0.0 min (1 gaps, median 0.0 s)" in text
     readme.write_text("no markers\n")
-    assert main(["repro", "stage-times", "--log", str(log), "--readme", str(readme)]) == 2
+    assert main(["repro", "stage-times", "--log", str(log), "--doc", str(readme)]) == 2
     assert "no markers for this table" in capsys.readouterr().err
 
 

@@ -25,7 +25,6 @@ on positions in the tens of thousands.
 
 from __future__ import annotations
 
-import os
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
@@ -220,17 +219,13 @@ def check_local_files(directory: Path) -> None:
             raise UserError(f"{shard}: unreadable weights ({reason}); {WEIGHTS_HINT}") from None
 
 
-THREADS_ENV = "MISTILL_THREADS"   # set by a family runner whose items run side by side (mistill.repro.families)
-
-
 def set_threads(models_section: dict, override: int | str | None = None) -> None:
-    """Intra-op threads from the profile's `models.threads` (a flag overrides, then `MISTILL_THREADS`, which a
-    family runner sets for the items it runs side by side; null keeps torch's default).
+    """Intra-op threads from the profile's `models.threads` (a flag overrides; null keeps torch's default).
 
     A fixed count makes a stage's float reductions split the same way on a 2-core laptop and a
     16-core host, so the demo's numbers do not depend on the machine's core count.
     """
-    threads = override if override is not None else (os.environ.get(THREADS_ENV) or models_section.get("threads"))
+    threads = override if override is not None else models_section.get("threads")
     if threads:
         import torch
 

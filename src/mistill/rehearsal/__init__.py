@@ -1,1 +1,1 @@
-"""The paper profile rehearsed on stand-ins (DESIGN "The paper profile is rehearsed"): `mistill rehearsal build`."""
+"""The paper profile rehearsed on stand-ins (docs/design.md "The paper profile is rehearsed"): `mistill rehearsal build`."""

@@ -547,8 +547,8 @@ def register(subparsers) -> None:
     run.set_defaults(func=cmd_run)
     apply = verbs.add_parser("apply", help="write the calibrated tolerances into the profile's expected values")
     apply.add_argument("--spreads", type=Path, help="spread file (default: <calibration.out>/spread.json)")
-    apply.add_argument("--readme", type=Path, nargs="?", const=Path("README.md"), default=None, metavar="PATH",
-                       help="also rewrite the findings table between its markers in README.md (or PATH)")
+    apply.add_argument("--doc", type=Path, nargs="?", const=Path("docs/tolerances.md"), default=None, metavar="PATH",
+                       help="also rewrite the findings table between its markers in docs/tolerances.md (or PATH)")
     apply.add_argument("--marks-only", action="store_true",
                        help="derive the calibrated values' marks again from the expected values alone, as after "
                             "a re-bless: null intervals, and descriptive where a kept tolerance reaches zero from "
@@ -558,8 +558,9 @@ def register(subparsers) -> None:
                                "measured (second_machine.py)")
     machine.add_argument("run", type=Path, help="the run's directory: machine.yaml and results/R-*.json")
     machine.add_argument("--dry-run", action="store_true", help="print what would be marked, write nothing")
-    machine.add_argument("--readme", type=Path, nargs="?", const=Path("README.md"), default=None, metavar="PATH",
-                         help="also rewrite the per-result table of how values are checked in README.md (or PATH)")
+    machine.add_argument("--doc", type=Path, nargs="?", const=Path("docs/tolerances.md"), default=None, metavar="PATH",
+                         help="also rewrite the per-result table of how values are checked in docs/tolerances.md "
+                              "(or PATH)")
     machine.set_defaults(func=cmd_machine)
 
 
@@ -605,10 +606,10 @@ def cmd_apply(args) -> int:
               f"{sum(c.descriptive for c in calibrated)} values descriptive in "
               f"results/expected/{params['profile']}.yaml")
         write_registry_md(registry)
-        if args.readme is not None:
+        if args.doc is not None:
             registry = load_registry()
-            _rewrite_readme(args.readme, registry, params["profile"], config.results)
-            rewrite_value_checks(args.readme, registry, params["profile"])
+            _rewrite_doc(args.doc, registry, params["profile"], config.results)
+            rewrite_value_checks(args.doc, registry, params["profile"])
         return 0
     calibrated = apply_calibration(registry, params["profile"], args.spreads or config.out / SPREAD_FILE)
     for c in calibrated:
@@ -632,8 +633,8 @@ def cmd_apply(args) -> int:
             continue
         failed |= breaches(registry, params["profile"], name, directory, config.results)
     write_registry_md(registry)
-    if args.readme is not None:
-        _rewrite_readme(args.readme, registry, params["profile"], config.results)
+    if args.doc is not None:
+        _rewrite_doc(args.doc, registry, params["profile"], config.results)
     return 1 if failed else 0
 
 
@@ -654,39 +655,39 @@ def cmd_machine(args) -> int:
     return run(args)
 
 
-def _rewrite_readme(readme: Path, registry: Registry, profile: str, results: tuple[str, ...]) -> None:
+def _rewrite_doc(doc: Path, registry: Registry, profile: str, results: tuple[str, ...]) -> None:
     from mistill.repro.stage_times import replace_in_readme
 
-    replace_in_readme(readme, findings_table(registry, profile, results), README_BEGIN, README_END)
-    print(f"rewrote the findings table in {readme}")
+    replace_in_readme(doc, findings_table(registry, profile, results), README_BEGIN, README_END)
+    print(f"rewrote the findings table in {doc}")
 
 
-def rewrite_value_checks(readme: Path, registry: Registry, profile: str) -> None:
-    """README's per-result table of how each distillation value is checked, and every value's check in
-    docs/demo-values.md beside it: both read the expected values alone."""
+def rewrite_value_checks(doc: Path, registry: Registry, profile: str) -> None:
+    """The guide's per-result table of how each distillation value is checked (docs/tolerances.md), and every
+    value's check in demo-values.md beside it: both read the expected values alone."""
     from mistill.repro.stage_times import replace_in_readme
 
     distillation = tuple(sorted((rid for rid in registry.results if rid.startswith("R-D")), key=lambda r: int(r[3:])))
-    replace_in_readme(readme, checks_table(registry, profile, list(distillation)), CHECKS_BEGIN, CHECKS_END)
-    values_doc = readme.parent / VALUES_DOC
+    replace_in_readme(doc, checks_table(registry, profile, list(distillation)), CHECKS_BEGIN, CHECKS_END)
+    values_doc = doc.parent / VALUES_DOC
     with atomic_open(values_doc, "w", encoding="utf-8") as fh:
         fh.write(VALUES_DOC_HEAD.format(profile=profile) + findings_table(registry, profile, distillation, every=True)
                  + "\n")
-    print(f"rewrote the value-checks table in {readme} and every value's check in {values_doc}")
+    print(f"rewrote the value-checks table in {doc} and every value's check in {values_doc}")
 
 
-VALUES_DOC = Path("docs") / "demo-values.md"
+VALUES_DOC = "demo-values.md"   # beside the guide that holds the value-checks table
 VALUES_DOC_HEAD = """# How each distillation value of the {profile} profile is checked
 
-Generated by `mistill repro calibrate machine <run> --readme` from `results/expected/{profile}.yaml`
-(README "Tolerances from replicates"). *A finding*: a calibrated value whose interval, golden ±
+Generated by `mistill repro calibrate machine <run> --doc` from `results/expected/{profile}.yaml`
+(docs/tolerances.md). *A finding*: a calibrated value whose interval, golden ±
 tolerance, excludes zero. *A null finding*: a 95% interval of a difference that contains zero and is
 checked for still containing it, up to the tolerance of its ends. *Descriptive*: checked for
 presence and range only, with why. *A number held to its tolerance*: a class tolerance that no
 replicate and no second machine has challenged.
 
 """
-CHECKS_BEGIN = "<!-- value-checks:begin (generated by `mistill repro calibrate machine <run> --readme`) -->"
+CHECKS_BEGIN = "<!-- value-checks:begin (generated by `mistill repro calibrate machine <run> --doc`) -->"
 CHECKS_END = "<!-- value-checks:end -->"
 
 
@@ -710,7 +711,7 @@ def checks_table(registry: Registry, profile: str, results: list[str]) -> str:
     return "\n".join(rows)
 
 
-README_BEGIN = "<!-- calibrated-findings:begin (generated by `mistill repro calibrate apply --readme`) -->"
+README_BEGIN = "<!-- calibrated-findings:begin (generated by `mistill repro calibrate apply --doc`) -->"
 README_END = "<!-- calibrated-findings:end -->"
 
 

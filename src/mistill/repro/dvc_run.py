@@ -4,7 +4,7 @@ Between two stages of a `dvc repro`, DVC rewrites the whole `dvc.lock` of the st
 whole params.yaml for every params check; here the lock update rewrites only the stage's own lines
 (`mistill.repro.lock_update`) and each version of a params file is parsed once (`mistill.repro.params_reads`).
 What DVC runs, records and decides is unchanged. `nox -s repro`, the calibration's replicates and the rehearsal
-run their `dvc` so (README "Where the time goes"); a plain `dvc` is DVC as shipped.
+run their `dvc` so (docs/speed.md "Where the time goes"); a plain `dvc` is DVC as shipped.
 """
 
 from __future__ import annotations

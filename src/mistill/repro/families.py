@@ -23,13 +23,12 @@ where the kill stopped. An item's commands run as DVC runs a stage's: through th
 directory, with its name in `DVC_STAGE` (so `mistill repro stage-times` times it as its own row) and its
 non-persistent outputs removed first. A failing item stops the family, its key unrecorded.
 
-Items run `compute.family_jobs` at a time (params; default 1). The demo's models are small enough that two
-one-thread processes side by side do more per second than one two-thread process (a training run: 13.8 s
-alone at two threads, two runs side by side at one thread each in 20 s), so its families run two items at a
-time, each on `models.threads / family_jobs` threads (`MISTILL_THREADS`), the number that enters the item's
-key: a thread count splits float reductions differently, so it is part of what an item computes. Side by
-side, each item's output goes to its log under `.dvc/tmp/mistill/families/`, and a failing item lets the
-running ones finish (their keys recorded) and starts no other.
+Items run `compute.family_jobs` at a time (params; default 1), each on `models.threads` threads as alone, so
+what an item computes does not depend on how many run beside it; side by side, each item's output goes to
+its log under `.dvc/tmp/mistill/families/`, and a failing item lets the running ones finish (their keys
+recorded) and starts no other. It pays where a machine has more cores than `models.threads`: on the demo's
+two cores, two items side by side at one thread each took as long as one after the other at two
+(docs/speed.md).
 """
 
 from __future__ import annotations
@@ -53,7 +52,6 @@ from dvc.repo import Repo
 
 from mistill.errors import UserError
 from mistill.io import atomic_open
-from mistill.models.loading import THREADS_ENV
 from mistill.params import FAST_SAFE_LOADER
 
 IGNORED = ".*.tmp"   # .dvcignore: the temporary siblings of atomic writes
@@ -150,28 +148,20 @@ def param_value(params: dict, dotted: str) -> Any:
     return value
 
 
-def item_key(item: FamilyItem, params: dict, digests: Digests, env: dict[str, str] | None = None) -> str:
-    """The sha256 of what the item computes from: its commands, params, dependencies' content and the
-    environment the runner gives it (the thread count of items run side by side)."""
+def item_key(item: FamilyItem, params: dict, digests: Digests) -> str:
+    """The sha256 of what the item computes from: its commands, params and dependencies' content."""
     record = {"commands": item.commands, "wdir": item.wdir,
               "params": {p: param_value(params, p) for p in item.params},
               "deps": {d: digests(d) for d in item.deps}}
-    if env:
-        record["env"] = env
     return hashlib.sha256(json.dumps(record, sort_keys=True, default=str).encode()).hexdigest()
 
 
-def side_by_side(params: dict) -> tuple[int, dict[str, str]]:
-    """How many items run at a time (params `compute.family_jobs`), and the environment each one gets: with
-    several at a time, `models.threads` shared among them."""
-    profile = params.get("profile") or {}
-    jobs = int((profile.get("compute") or {}).get("family_jobs") or 1)
+def family_jobs(params: dict) -> int:
+    """How many items run at a time (params `compute.family_jobs`; 1 when absent)."""
+    jobs = int(((params.get("profile") or {}).get("compute") or {}).get("family_jobs") or 1)
     if jobs < 1:
         raise UserError(f"{PARAMS_FILE}: compute.family_jobs must be at least 1, not {jobs}")
-    threads = (profile.get("models") or {}).get("threads")
-    if jobs == 1 or not threads:
-        return jobs, {}
-    return jobs, {THREADS_ENV: str(max(1, int(threads) // jobs))}
+    return jobs
 
 
 def recorded_key(root: Path, item: FamilyItem) -> str | None:
@@ -179,7 +169,7 @@ def recorded_key(root: Path, item: FamilyItem) -> str | None:
     return path.read_text(encoding="utf-8").strip() if path.is_file() else None
 
 
-def run_item(root: Path, item: FamilyItem, env: dict[str, str] | None = None, log: Path | None = None) -> None:
+def run_item(root: Path, item: FamilyItem, log: Path | None = None) -> None:
     """Run the item's commands (its output to `log` when given, else to this process's)."""
     for out, persist in item.outs:
         target = root / out
@@ -189,7 +179,7 @@ def run_item(root: Path, item: FamilyItem, env: dict[str, str] | None = None, lo
             shutil.rmtree(target)
         else:
             target.unlink()
-    env = {**os.environ, **(env or {}), "DVC_STAGE": item.name}
+    env = {**os.environ, "DVC_STAGE": item.name}
     if log is not None:
         log.parent.mkdir(parents=True, exist_ok=True)
         log.write_text("", encoding="utf-8")
@@ -225,20 +215,19 @@ def run_family(root: Path, family_file: str, family: str, *, only: list[str] | N
             raise UserError(f"{family}: no item {', '.join(unknown)}")
         items = [i for i in items if i.name in only]
     params = yaml.load((root / PARAMS_FILE).read_text(encoding="utf-8"), Loader=FAST_SAFE_LOADER)
-    jobs, env = side_by_side(params)
+    jobs = family_jobs(params)
     digests = Digests(root)
-    stale = [(item, key) for item in items
-             if recorded_key(root, item) != (key := item_key(item, params, digests, env))]
+    stale = [(item, key) for item in items if recorded_key(root, item) != (key := item_key(item, params, digests))]
     if dry:
         for item, _ in stale if not quiet else ():
             print(f"{item.name}:", *(f"> {c}" for c in item.commands), sep="\n")
     elif jobs == 1 or len(stale) == 1:
         for item, key in stale:
             print(f"Running family item '{item.name}':", flush=True)
-            run_item(root, item, env)
+            run_item(root, item)
             _record(root, item, key)
     else:
-        _run_side_by_side(root, stale, jobs, env)
+        _run_side_by_side(root, stale, jobs)
     ran = [item.name for item, _ in stale]
     if not quiet:
         print(f"{family}: {len(ran)} of {len(items)} items {'to run' if dry else 'run'}, the rest up to date")
@@ -250,7 +239,7 @@ def _record(root: Path, item: FamilyItem, key: str) -> None:
         fh.write(key + "\n")
 
 
-def _run_side_by_side(root: Path, stale: list[tuple[FamilyItem, str]], jobs: int, env: dict[str, str]) -> None:
+def _run_side_by_side(root: Path, stale: list[tuple[FamilyItem, str]], jobs: int) -> None:
     """`jobs` items at a time, in order; after a failure the running items finish and no other starts."""
     pending = list(stale)
     running: dict = {}
@@ -261,7 +250,7 @@ def _run_side_by_side(root: Path, stale: list[tuple[FamilyItem, str]], jobs: int
                 item, key = pending.pop(0)
                 log = root / LOGS / f"{item.name}.log"
                 print(f"Running family item '{item.name}' (output: {log.relative_to(root)})", flush=True)
-                running[pool.submit(run_item, root, item, env, log)] = (item, key)
+                running[pool.submit(run_item, root, item, log)] = (item, key)
             if not running:
                 break
             done, _ = wait(running, return_when=FIRST_COMPLETED)

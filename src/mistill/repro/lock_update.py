@@ -3,7 +3,7 @@
 After every stage it runs, DVC records the stage in its `dvc.lock` (`Lockfile.dump_stages`): it parses
 the whole lock with ruamel's round-trip loader, replaces the stage's entry and dumps the whole file
 again.  On two cores that is about 2 s a stage for this repository's 0.3-0.5 MB locks, most of the time
-`dvc repro` spends between two stages (treeverse/dvc#10629; README "Where the time goes").
+`dvc repro` spends between two stages (treeverse/dvc#10629; docs/speed.md "Where the time goes").
 
 `dump_stages` here writes what that writes, without the round trip.  Every entry the round trip does
 not touch comes back out as it went in, so its lines are kept as they are; the stage's entry is the

@@ -2,7 +2,7 @@
 
 Goldens of trained students hold exactly only within a CPU type: kernels that round differently
 (AVX2 against AVX-512, bf16 products in AMX or through fp32) train other weights, and training
-amplifies the difference (README "Tolerances from replicates"). So provenance names the CPU model
+amplifies the difference (docs/tolerances.md). So provenance names the CPU model
 and the kernel family torch dispatches to, beside the host and core count.
 """
 

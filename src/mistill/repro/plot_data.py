@@ -1,4 +1,4 @@
-"""The paper's curves as data series that `dvc plots` draws (stage PLOTS; README "Remotes, metrics and figures").
+"""The paper's curves as data series that `dvc plots` draws (stage PLOTS; docs/remotes.md).
 
     <out>/knockin_by_k.json     one row per set size k: {k, P1, P2, P2C}, the median share of the clean
                                 margin that knocking in the top-k heads recovers (R-C3's numbers file)

@@ -1,6 +1,6 @@
 """The privacy guard: no note text, trace text or note identifier in what is shared.
 
-DESIGN "Privacy": under the paper profile nothing of MIMIC-IV may reach results/, paper/,
+docs/design.md "Privacy": under the paper profile nothing of MIMIC-IV may reach results/, paper/,
 logs meant for release or the shareable DVC remote.  `mistill repro privacy [PATHS...]`
 scans every file under results/ and paper/build/, and every file or directory given
 (`--shareable`: every output the profile sends to its shareable DVC remote, file names included;

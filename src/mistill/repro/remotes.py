@@ -1,6 +1,6 @@
 """Where each stage output is published: the active profile's private and shareable DVC remotes.
 
-DESIGN "Privacy": under the paper profile no note text, trace text or note identifier may reach the
+docs/design.md "Privacy": under the paper profile no note text, trace text or note identifier may reach the
 shareable DVC remote.  The profile's ``remotes`` section of params.yaml names two DVC remotes (as
 ``.dvc/config`` or ``.dvc/config.local`` defines them) and lists the outputs that may be shared::
 

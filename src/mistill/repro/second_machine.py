@@ -246,7 +246,7 @@ def _relative(path: Path, root: Path) -> str:
 
 
 def cmd_machine(args) -> int:
-    """`mistill repro calibrate machine <run> [--dry-run] [--readme [PATH]]`."""
+    """`mistill repro calibrate machine <run> [--dry-run] [--doc [PATH]]`."""
     from mistill.params import load_params
     from mistill.repro.registry import load_registry
     from mistill.repro.registry_md import write_registry_md
@@ -264,8 +264,8 @@ def cmd_machine(args) -> int:
             print(f"{m.result_id}.{m.key}: moved {m.move:.3g} (tolerance {m.allowed:.3g}): {m.outcome}")
     marked = [m for m in moves if m.outcome != KEPT]
     verb = "would mark" if args.dry_run else "marked"
-    if args.readme is not None and not args.dry_run:
-        rewrite_value_checks(args.readme, load_registry(), params["profile"])
+    if args.doc is not None and not args.dry_run:
+        rewrite_value_checks(args.doc, load_registry(), params["profile"])
     unmeasured_moves = [m for m in moves if not m.measured]
     print(f"{run.name} ({run.cpu}): {len(unmeasured_moves)} unmeasured values compared, "
           f"{sum(m.move > 0 for m in unmeasured_moves)} moved, {len(moves) - len(marked)} kept (moved at most "

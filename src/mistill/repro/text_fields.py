@@ -1,7 +1,7 @@
 """The whitelist grammar of a numbers file's two text fields, `statistic` and `artifact`.
 
 Numbers files go to the shareable remote and into the paper, so their text may say what a
-number is and where it came from, never quote data (DESIGN "Privacy").
+number is and where it came from, never quote data (docs/design.md "Privacy").
 
 * statistic: at most 320 characters of ASCII letters, digits, spaces and the punctuation in
   `STATISTIC_PUNCTUATION`, at most 60 words, and every word (a maximal run of letters,
