@@ -100,5 +100,5 @@ def lint(session: nox.Session) -> None:
 def publish(session: nox.Session) -> None:
     """Push every cached stage output to the active profile's DVC remotes (`dvc push`): the demo's default
     local remote, or under the paper profile the private and shareable remotes params.yaml names, after the
-    privacy guard has checked the shareable outputs (`-- --dry-run` prints the plan; README "Remotes")."""
+    privacy guard has checked the shareable outputs (`-- --dry-run` prints the plan; docs/remotes.md)."""
     session.run("mistill", "repro", "publish", *session.posargs)
