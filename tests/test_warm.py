@@ -51,6 +51,20 @@ def test_an_environment_a_module_may_read_at_import_is_refused():
     assert warm.incompatibility(request, server) == "environment differs in OMP_NUM_THREADS"
 
 
+def test_a_value_the_server_s_imports_set_may_come_back_from_its_own_forks():
+    """transformers sets TORCHINDUCTOR_CACHE_DIR at import: a fork's children (a family stage's items) carry it,
+    and are served; another value of it is still refused."""
+    request = warm.request_of([])
+    before = {k: v for k, v in request["env"].items() if k != "TORCHINDUCTOR_CACHE_DIR"}
+    request["env"] = {**before, "TORCHINDUCTOR_CACHE_DIR": "/tmp/inductor"}
+    server = own(env=before)
+    assert warm.incompatibility(request, server, {"TORCHINDUCTOR_CACHE_DIR": "/tmp/inductor"}) is None
+    assert warm.incompatibility(request, server) == "environment differs in TORCHINDUCTOR_CACHE_DIR"
+    request["env"]["TORCHINDUCTOR_CACHE_DIR"] = "/elsewhere"
+    assert warm.incompatibility(request, server, {"TORCHINDUCTOR_CACHE_DIR": "/tmp/inductor"}) == (
+        "environment differs in TORCHINDUCTOR_CACHE_DIR")
+
+
 def test_another_interpreter_or_module_path_is_refused():
     assert "another interpreter" in warm.incompatibility(warm.request_of([]), own(executable="/usr/bin/python9"))
     path = warm.request_of([])["sys_path"]

@@ -93,11 +93,14 @@ def request_of(argv: Sequence[str]) -> dict[str, Any]:
             "executable": sys.executable, "sys_path": list(sys.path)}
 
 
-def incompatibility(request: dict[str, Any], own: dict[str, Any]) -> str | None:
+def incompatibility(request: dict[str, Any], own: dict[str, Any],
+                    set_by_imports: dict[str, str] | None = None) -> str | None:
     """Why the server (whose own request-shaped facts are `own`) must not run `request`; None if it may.
 
     The interpreter and the module path must be the server's; so must every environment variable
-    a module may have read at import time, that is every one outside `WHERE_NOT_HOW`.
+    a module may have read at import time, that is every one outside `WHERE_NOT_HOW`. A variable the
+    server's imports set (`set_by_imports`) may also carry the value they set: a caller started by one of the
+    server's own forks (a family stage's items, mistill.repro.families) inherits it.
     """
     if request.get("executable") != own["executable"]:
         return f"another interpreter ({request.get('executable')})"
@@ -106,8 +109,9 @@ def incompatibility(request: dict[str, Any], own: dict[str, Any]) -> str | None:
     if request.get("sys_path", [None])[1:] != own["sys_path"][1:]:
         return "another module path"
     theirs, ours = request.get("env", {}), own["env"]
+    imported = set_by_imports or {}
     differ = sorted(k for k in (theirs.keys() | ours.keys()) - WHERE_NOT_HOW - {SOCKET_ENV}
-                    if theirs.get(k) != ours.get(k))
+                    if theirs.get(k) != ours.get(k) and not (k in imported and theirs.get(k) == imported[k]))
     if differ:
         shown = ", ".join(differ[:5]) + (f" and {len(differ) - 5} more" if len(differ) > 5 else "")
         return f"environment differs in {shown}"
@@ -224,7 +228,8 @@ class WarmServer:
                     raise OSError("caller closed its connection mid-request")
                 data += more
             request = json.loads(data)
-            reason = incompatibility(request, self.own) if len(fds) == 3 else "no stdin, stdout and stderr"
+            reason = (incompatibility(request, self.own, self.set_by_imports) if len(fds) == 3
+                      else "no stdin, stdout and stderr")
         except (OSError, ValueError) as err:
             for fd in fds:
                 os.close(fd)

@@ -1,6 +1,7 @@
 """`mistill distill targets | train` and `mistill evaluate task | m1` end to end on saved tiny models."""
 
 import json
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -318,3 +319,24 @@ def test_select_applies_the_rule_and_takes_one_outward_step(project, monkeypatch
     params["demo"]["selection"]["grids"]["g"]["dose"] = "match"
     (project / "params.yaml").write_text(yaml.safe_dump(params))
     assert main(["distill", "select", "--grid", "g"]) == 2
+
+
+def test_a_variant_of_the_main_recipe_takes_the_main_run_unless_it_is_a_replicate(project, capsys):
+    """A variant entry that resolves to the main Mistill run's recipe is that run (its files copied, the run it
+    came from in its config); one with `retrain: true` (a replicate) is trained again, to the same weights on
+    one machine."""
+    params = yaml.safe_load((project / "params.yaml").read_text())
+    params["demo"]["variants"] = {"dir": "variants", "arms": {
+        "same": {"student": "qwen", "seed": 0, "precision": "bf16"},
+        "again": {"student": "qwen", "seed": 0, "precision": "bf16", "retrain": True}}}
+    (project / "params.yaml").write_text(yaml.safe_dump(params))
+    assert main(["distill", "targets"]) == 0
+    assert main(["distill", "train", "--arm", "mistill"]) == 0
+    for name in ("same", "again"):
+        assert main(["distill", "train", "--variant", name]) == 0
+    main_run = Path("runs") / "DT-001" / "student-qwen-mistill-bf16-s0"
+    runs = {name: project / "variants" / "DT-001" / f"student-qwen-{name}-bf16-s0" for name in ("same", "again")}
+    configs = {name: json.loads((run / "config.json").read_text()) for name, run in runs.items()}
+    assert configs["same"]["same_run_as"] == str(main_run) and "same_run_as" not in configs["again"]
+    weights = {name: (run / "model" / "model.safetensors").read_bytes() for name, run in runs.items()}
+    assert weights["same"] == weights["again"] == (project / main_run / "model" / "model.safetensors").read_bytes()

@@ -150,6 +150,7 @@ def apply_variant(args, variants: dict) -> Path:
     for name, value in switch_options(entry, ("seed", "precision", *VARIANT_SWITCHES)).items():
         if getattr(args, name) is None:
             setattr(args, name, value)
+    args.retrain = args.retrain or bool(entry.get("retrain", False))
     return variant_run_dir(variants["dir"], args.variant, entry)
 
 
@@ -241,9 +242,10 @@ def cmd_train(args) -> int:
         lam = match_dose(trainer, first_step_extra(reference))
         print(f"dose matched to {reference.name}'s first step: lambda_p1 = lambda_p2 = {lam:.4g}")
     main_run = run_dir(cfg["runs_dir"], student_key, args.arm, precision, seed)
-    if args.arm == "mistill" and args.max_steps is None and trainer.same_run_as(main_run):
+    if args.arm == "mistill" and args.max_steps is None and not args.retrain and trainer.same_run_as(main_run):
         # a variant whose recipe resolves to the main Mistill run's (the demo's mistillpick: its λ grid is the
-        # recipe's) is that run: its files are taken, not trained again (DT-variant reads DT-001)
+        # recipe's) is that run: its files are taken, not trained again (DT-variant reads DT-001); a replicate
+        # (`retrain`) trains again, since what it measures is a second run
         trainer.reuse(main_run)
         print(f"{args.arm}: the same run as {main_run}; its files -> {out}")
         return 0
@@ -337,6 +339,9 @@ def register(subparsers) -> None:
                                                "larger one (the learning curve, App. M.5; default: all)")
     p.add_argument("--lr", type=float)
     p.add_argument("--max-steps", type=int, help="stop after this many optimiser steps (resumable)")
+    p.add_argument("--retrain", action="store_true",
+                   help="train even where the main Mistill run has this very recipe (a replicate; a --variant "
+                        "entry sets it with retrain: true)")
     p.add_argument("--variant", help="a variant of the Mistill recipe (params variants.arms): its student, "
                                      "seed, precision and switches; run under variants.dir")
     p.add_argument("--out", help="run directory (default: <runs_dir>/DT-00x/student-<label>-<arm>-<precision>-s<seed>)")

@@ -25,6 +25,7 @@ from mistill.errors import UserError
 VARIANT_SWITCHES = ("arm", "window", "lambda_p1", "lambda_p2", "lambda_from", "dose", "terms", "heads", "k", "pool_seed",
                     "positions", "event_weight", "n_train")
 VARIANT_IDENTITY = ("student", "seed", "precision")
+VARIANT_RUN_OPTIONS = ("retrain",)   # how the run is made, not its recipe: train even where a main run has it
 POSITION_RULES = ("events", "random")   # where the loss rows sit: the teacher's events, or RandPos (App. M.1)
 
 
@@ -55,7 +56,7 @@ def variant(variants: dict, name: str) -> dict:
                         f"{', '.join(sorted(arms)) or 'none'}")
     entry = dict(arms[name])
     missing = [k for k in VARIANT_IDENTITY if k not in entry]
-    unknown = sorted(set(entry) - set(VARIANT_IDENTITY) - set(VARIANT_SWITCHES))
+    unknown = sorted(set(entry) - set(VARIANT_IDENTITY) - set(VARIANT_SWITCHES) - set(VARIANT_RUN_OPTIONS))
     if missing or unknown:
         raise UserError(f"params variants.arms.{name}: "
                         + "; ".join([f"missing {', '.join(missing)}"] * bool(missing)
