@@ -16,6 +16,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from mistill.distill.runs import VARIANT_IDENTITY, VARIANT_RUN_OPTIONS
 from mistill.errors import UserError
 from mistill.evaluate.readout import (
     ArmSeed,
@@ -54,7 +55,7 @@ def checked(params: dict, name: str, student: str, changes: set[str]) -> Variant
     """The variant `name`, checked to be Mistill on `student` changing no more than `changes` of the recipe."""
     read = VariantReadout(name, params)
     entry = read.entry
-    extra = set(entry) - {"student", "seed", "precision"} - changes
+    extra = set(entry) - set(VARIANT_IDENTITY) - set(VARIANT_RUN_OPTIONS) - changes   # how it runs is no change
     if entry["student"] != student or entry.get("arm", "mistill") != "mistill" or extra:
         raise UserError(f"params variants.arms.{name}: R-D11 reads Mistill on the {student} student changing "
                         f"{', '.join(sorted(changes)) or 'nothing'}; found {entry}")

@@ -26,9 +26,9 @@ non-persistent outputs removed first. A failing item stops the family, its key u
 Items run `compute.family_jobs` at a time (params; default 1), each on `models.threads` threads as alone, so
 what an item computes does not depend on how many run beside it; side by side, each item's output goes to
 its log under `.dvc/tmp/mistill/families/`, and a failing item lets the running ones finish (their keys
-recorded) and starts no other. It pays where a machine has more cores than `models.threads`: on the demo's
-two cores, two items side by side at one thread each took as long as one after the other at two
-(docs/speed.md).
+recorded) and starts no other. It is meant for machines with more cores than `models.threads`; on the demo's
+two cores, two items side by side at one thread each were slower than one after the other at two
+(docs/speed.md), and the demo runs one at a time.
 """
 
 from __future__ import annotations
