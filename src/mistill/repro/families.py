@@ -263,6 +263,7 @@ def _run_side_by_side(root: Path, stale: list[tuple[FamilyItem, str]], jobs: int
     if failure is not None:
         raise failure
 
+
 def family_files(root: str | Path = ".") -> list[Path]:
     """The family files beside the pipeline files, relative to `root` (what a copy of the project needs too)."""
     root = Path(root)
