@@ -74,8 +74,9 @@ def arm_jobs(repo: str | Path, train_stages: Sequence[str]) -> list[Job]:
         jobs = []
         for train in sorted((s for s in graph if s.name.split("@")[0] in train_stages), key=lambda s: s.name):
             downstream = sorted(nx.ancestors(graph, train), key=lambda s: order[s.name])
+            downstream_items = [items(s) for s in downstream]
             for key, first in sorted(items(train).items()):
-                stages = [first, *(items(s)[key] for s in downstream if key in items(s))]
+                stages = [first, *(found[key] for found in downstream_items if key in found)]
                 jobs.append(Job(first[0], tuple(stages)))
     return sorted(jobs, key=lambda job: job.name)
 

@@ -309,20 +309,9 @@ class FamilyItemTarget:
 
 
 def _family_item(target: FamilyItemTarget, cwd: Path, extra_env: dict[str, str]) -> None:
-    """Run one family item in a workspace (its output to the workspace's log), as the family stage runs it."""
-    path = f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"
-    env = {**os.environ, **extra_env, "PATH": path}
-    env.pop("DVC_STAGE", None)
-    log_path = cwd / "replicate.log"
-    command = [sys.executable, "-m", "mistill.cli", "repro", "family", target.family_file, target.family,
-               "--item", target.item]
-    with log_path.open("a", encoding="utf-8") as log:
-        log.write(f"$ mistill repro family {target.family_file} {target.family} --item {target.item}\n")
-        log.flush()
-        done = subprocess.run(command, cwd=cwd, stdout=log, stderr=subprocess.STDOUT, env=env)
-    if done.returncode != 0:
-        raise UserError(f"calibration: family item {target.item} failed in {cwd} (exit {done.returncode}); "
-                        f"see {log_path}")
+    """Run one family item in a workspace, as the family stage runs it (its output to the workspace's log)."""
+    args = ["repro", "family", target.family_file, target.family, "--item", target.item]
+    _in_workspace([sys.executable, "-m", "mistill.cli", *args], f"mistill {' '.join(args)}", cwd, extra_env)
 
 
 def calibration_targets(repo: Path, stages: tuple[str, ...]) -> dict[str, str | FamilyItemTarget]:
@@ -347,24 +336,32 @@ def _family_items(repo: Path) -> dict[str, FamilyStage]:
 
 
 def _dvc(args: list[str], cwd: Path, extra_env: dict[str, str] | None = None, *, check: bool = True) -> int:
-    """Run `dvc` in a workspace (stage commands inherit `extra_env`); its output goes to the
-    workspace's log, a failure names it (or, with `check=False`, its exit status is returned)."""
-    path = f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"   # this environment's tools
-    if shutil.which("dvc", path=path) is None:
+    """Run `dvc` in a workspace (stage commands inherit `extra_env`); see `_in_workspace`."""
+    if shutil.which("dvc", path=_tools_path()) is None:
         raise UserError("calibration needs the `dvc` command (pip install -e '.[dev]')")
     # `dvc` without its per-stage rewrite of a whole dvc.lock and re-reads of params.yaml (mistill.repro.dvc_run)
-    dvc = [sys.executable, "-m", "mistill.repro.dvc_run"]
-    env = {**os.environ, **(extra_env or {}), "DVC_NO_ANALYTICS": "1", "PATH": path}
+    return _in_workspace([sys.executable, "-m", "mistill.repro.dvc_run", *args], f"dvc {' '.join(args)}", cwd,
+                         extra_env, check=check)
+
+
+def _tools_path() -> str:
+    return f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"   # this environment's tools
+
+
+def _in_workspace(argv: list[str], shown: str, cwd: Path, extra_env: dict[str, str] | None = None, *,
+                  check: bool = True) -> int:
+    """Run `argv` in a workspace with `extra_env`: its output goes to the workspace's log, a failure names it
+    (or, with `check=False`, its exit status is returned)."""
+    env = {**os.environ, **(extra_env or {}), "DVC_NO_ANALYTICS": "1", "PATH": _tools_path()}
     for var in ("DVC_STAGE", "DVC_ROOT"):        # the calibration's own stage is not the replicate's
         env.pop(var, None)
     log_path = cwd / "replicate.log"
     with log_path.open("a", encoding="utf-8") as log:
-        log.write(f"$ dvc {' '.join(args)}\n")
+        log.write(f"$ {shown}\n")
         log.flush()
-        done = subprocess.run([*dvc, *args], cwd=cwd, stdout=log, stderr=subprocess.STDOUT, env=env)
+        done = subprocess.run(argv, cwd=cwd, stdout=log, stderr=subprocess.STDOUT, env=env)
     if check and done.returncode != 0:
-        raise UserError(f"calibration: `dvc {' '.join(args)}` failed in {cwd} (exit {done.returncode}); "
-                        f"see {log_path}")
+        raise UserError(f"calibration: `{shown}` failed in {cwd} (exit {done.returncode}); see {log_path}")
     return done.returncode
 
 
