@@ -8,6 +8,7 @@ half-written one.
 from __future__ import annotations
 
 import contextlib
+import functools
 import hashlib
 import json
 import os
@@ -177,14 +178,26 @@ def code_version() -> str:
     count: a `dvc repro` from a clean checkout rewrites a `dvc.lock` after its first stage, and every
     later stage would otherwise record a dirty tree.
     """
+    return code_version_of(os.getcwd())
+
+
+@functools.lru_cache(maxsize=None)
+def code_version_of(root: str) -> str:
+    """`code_version` of the tree at `root`, asked of git once per process.
+
+    A command records it in every artifact it writes (an instrument pass, hundreds), and each answer costs two
+    git processes; a tree does not change under a running command, so the first answer stands for the
+    process. The warm server forks every command afresh, so each command still asks git once.
+    """
     try:
-        head = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, check=True).stdout
+        head = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, check=True,
+                              cwd=root).stdout
         from mistill.repro.pipeline import lock_files
 
-        locks = [f":(exclude){p.as_posix()}" for p in lock_files()]
+        locks = [f":(exclude){p.as_posix()}" for p in lock_files(Path(root))]
         dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no", "--", ".", *locks,
                                 ":(exclude)results"],
-                               capture_output=True, text=True, check=True).stdout
+                               capture_output=True, text=True, check=True, cwd=root).stdout
     except (OSError, subprocess.CalledProcessError):
         return "unknown"
     return head.strip() + ("+dirty" if dirty.strip() else "")

@@ -94,13 +94,21 @@ def test_json_record_has_the_families_and_dvc_time_apart(tmp_path, monkeypatch, 
     out = tmp_path / "record.json"
     assert main(["repro", "stage-times", "--log", str(log), "--json", str(out)]) == 0
     record = json.loads(out.read_text())
-    assert record["families"] == {"DT-000": {"runs": 2, "wall_s": 40.0, "cpu_s": 2.0, "elapsed_s": 41.0},
+    # the family's elapsed time is the time one of its items ran: DVC's gap between them is not the family's
+    assert record["families"] == {"DT-000": {"runs": 2, "wall_s": 40.0, "cpu_s": 2.0, "elapsed_s": 40.0},
                                   "readers (R-C*, R-D*)": {"runs": 1, "wall_s": 15.0, "cpu_s": 0.5,
                                                            "elapsed_s": 15.0}}
     assert (record["stages"], record["commands_s"], record["between_stages_s"]) == (3, 55.0, 4.0)
     assert record["elapsed_s"] == 59.0
     assert (record["gaps"], record["median_gap_s"], record["pauses_left_out"]) == (2, 2.0, 0)
     assert record["machine"]
+
+
+def test_covered_time_counts_overlaps_once_and_the_time_between_not_at_all():
+    # the readers: one at 0-1 s, one at 50-52 s (other families ran between), one inside the second
+    assert st.covered_s([(50.0, 52.0), (0.0, 1.0), (50.5, 51.0)]) == 3.0
+    assert st.covered_s([(0.0, 10.0), (1.0, 13.0), (10.0, 15.0)]) == 15.0   # side by side, then touching
+    assert st.covered_s([]) == 0.0
 
 
 def test_family_items_side_by_side_count_once_in_the_elapsed_time(tmp_path, monkeypatch, capsys):

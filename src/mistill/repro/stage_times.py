@@ -170,6 +170,20 @@ def markdown_table(times: list[StageTime], *, by_family: bool = False) -> str:
     return "\n".join(out)
 
 
+def covered_s(spans: list[tuple[float, float]]) -> float:
+    """Seconds during which at least one of the (start, end) spans ran: a family's elapsed time.
+
+    Items side by side overlap (counted once), and a family whose stages ran apart, between other stages
+    (the readers, run as their inputs become ready), does not count the time in between.
+    """
+    total, reach = 0.0, float("-inf")
+    for start, end in sorted(spans):
+        if end > reach:
+            total += end - max(start, reach)
+            reach = end
+    return total
+
+
 def family_record(times: list[StageTime]) -> dict:
     """The run as a benchmark record: per family (matrix items summed) runs, wall and CPU seconds, and DVC's own
     time between stages beside the commands'."""
@@ -179,9 +193,8 @@ def family_record(times: list[StageTime]) -> dict:
         acc["runs"] += 1
         acc["wall_s"] = round(acc["wall_s"] + t.wall_s, 3)
         acc["cpu_s"] = round(acc["cpu_s"] + t.cpu_s, 3)
-    for name, acc in families.items():   # items side by side overlap: the family's span is its elapsed time
-        spans = [(t.start, t.start + t.wall_s) for t in times if t.family == name]
-        acc["elapsed_s"] = round(max(end for _, end in spans) - min(start for start, _ in spans), 3)
+    for name, acc in families.items():
+        acc["elapsed_s"] = round(covered_s([(t.start, t.start + t.wall_s) for t in times if t.family == name]), 3)
     between = between_stages(times)
     elapsed = max(t.start + t.wall_s for t in times) - min(t.start for t in times) if times else 0.0
     return {"stages": len(times), "elapsed_s": round(elapsed, 3), "commands_s": round(between.commands_s, 3),
