@@ -1,8 +1,10 @@
-"""`python -m mistill.repro.dvc_run ARGS`: `dvc ARGS` without two of its per-stage costs.
+"""`python -m mistill.repro.dvc_run ARGS`: `dvc ARGS` without three of its per-stage costs.
 
-Between two stages of a `dvc repro`, DVC rewrites the whole `dvc.lock` of the stage it ran and re-reads the
-whole params.yaml for every params check; here the lock update rewrites only the stage's own lines
-(`mistill.repro.lock_update`) and each version of a params file is parsed once (`mistill.repro.params_reads`).
+Between two stages of a `dvc repro`, DVC rewrites the whole `dvc.lock` of the stage it ran, re-reads the
+whole params.yaml for every params check and hashes each dependency of the stage it ran three times; here the
+lock update rewrites only the stage's own lines (`mistill.repro.lock_update`), each version of a params file is
+parsed once (`mistill.repro.params_reads`) and the run cache takes the hashes the stage has just saved
+(`mistill.repro.run_cache_hashes`).
 What DVC runs, records and decides is unchanged. `nox -s repro`, the calibration's replicates and the rehearsal
 run their `dvc` so (docs/speed.md "Where the time goes"); a plain `dvc` is DVC as shipped.
 """
@@ -14,12 +16,13 @@ from collections.abc import Sequence
 
 from dvc.cli import main as dvc_main
 
-from mistill.repro import lock_update, params_reads
+from mistill.repro import lock_update, params_reads, run_cache_hashes
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     lock_update.install()
     params_reads.install()
+    run_cache_hashes.install()
     return dvc_main(list(sys.argv[1:] if argv is None else argv))
 
 
