@@ -166,7 +166,7 @@ def started(argv: list[str], socket: Path):
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
     """A warm server started from this environment."""
-    with started(["-m", "mistill.warm"], tmp_path_factory.mktemp("warm") / "stages.sock") as running:
+    with started(["-m", "mistill.warm_server"], tmp_path_factory.mktemp("warm") / "stages.sock") as running:
         yield running
 
 

@@ -192,11 +192,9 @@ def code_version_of(root: str) -> str:
     try:
         head = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, check=True,
                               cwd=root).stdout
-        from mistill.repro.pipeline import lock_files
-
-        locks = [f":(exclude){p.as_posix()}" for p in lock_files(Path(root))]
-        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no", "--", ".", *locks,
-                                ":(exclude)results"],
+        # every pipeline file's dvc.lock, at any depth (`**/` matches the root too), and the numbers files
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no", "--", ".",
+                                ":(exclude,glob)**/dvc.lock", ":(exclude)results"],
                                capture_output=True, text=True, check=True, cwd=root).stdout
     except (OSError, subprocess.CalledProcessError):
         return "unknown"

@@ -330,21 +330,20 @@ def exit_status(run: Callable[[list[str]], int], argv: list[str]) -> int:
     return int(status or 0)
 
 
-def serve(path: str) -> None:
-    """The server's process: import the heavy modules, say ready on stdout, serve until killed."""
+def serve(path: str, run: Callable[[list[str]], int]) -> None:
+    """The server's process (`mistill.warm_server`): import the heavy modules, say ready on stdout, serve `run`
+    (the command line's entry point) until killed."""
     env_before_imports = dict(os.environ)
     for name in (*WARM_MODULES, *model_modules(), *own_modules()):
         try:
             importlib.import_module(name)
         except ImportError:   # an optional package this environment lacks: its commands import it cold
             pass
-    from mistill.cli import main
-
     # Out of the collector's sight: a fork's collections would otherwise walk (and so copy, page by
     # page) the million objects these imports made, each time, in every command.
     gc.collect()
     gc.freeze()
-    server = WarmServer(path, run=main, env_before_imports=env_before_imports)
+    server = WarmServer(path, run=run, env_before_imports=env_before_imports)
     sys.stdout.buffer.write(READY)
     sys.stdout.flush()
     devnull = os.open(os.devnull, os.O_WRONLY)   # nobody reads the server's stdout after this line
@@ -361,7 +360,7 @@ def run_warm(command: Sequence[str]) -> int:
         return subprocess.call(list(command))   # no fork or descriptor passing here: every stage runs cold
     with tempfile.TemporaryDirectory(prefix="mistill-warm-") as directory:
         path = str(Path(directory) / "stages.sock")
-        server = subprocess.Popen([sys.executable, "-m", "mistill.warm", path], stdout=subprocess.PIPE,
+        server = subprocess.Popen([sys.executable, "-m", "mistill.warm_server", path], stdout=subprocess.PIPE,
                                   stdin=subprocess.DEVNULL, start_new_session=True)
         try:
             ready = server.stdout.readline() == READY
@@ -378,7 +377,3 @@ def run_warm(command: Sequence[str]) -> int:
         finally:
             server.terminate()
             server.wait()
-
-
-if __name__ == "__main__":
-    serve(sys.argv[1])

@@ -8,7 +8,7 @@ import torch
 from transformers import DynamicCache
 
 from mistill.instrument.keymask import KeyBlock, decode_key_mask
-from mistill.models.generation import Decoding
+from mistill.models.decoding import Decoding
 from mistill.models.sampling import sample_rows
 from tests.chain.test_generate import model_and_tokenizer  # noqa: F401  (the fixture)
 from tests.instrument.conftest import random_ids, tiny_qwen3

@@ -8,7 +8,8 @@ from transformers.generation.logits_process import TemperatureLogitsWarper, TopK
 
 from mistill.evaluate.generate_commands import note_seed
 from mistill.models.architectures import TinyArchitecture, build_model
-from mistill.models.generation import Decoding, generate
+from mistill.models.decoding import Decoding
+from mistill.models.generation import generate
 from mistill.models.sampling import filter_logits, sample_rows
 from mistill.models.tokenizers import CompactTokenizer, build_remap, qwen3_tokenizer
 

@@ -6,7 +6,8 @@ import pytest
 
 from mistill.errors import UserError
 from mistill.models.architectures import TinyArchitecture, build_model
-from mistill.models.generation import Decoding, generate
+from mistill.models.decoding import Decoding
+from mistill.models.generation import generate
 from mistill.models.tokenizers import CompactTokenizer, build_remap, qwen3_tokenizer
 from mistill.world.answers import parse_answer
 from mistill.world.inventory import Inventory

@@ -9,7 +9,8 @@ import sys
 import pytest
 
 from mistill.errors import UserError
-from mistill.models.generation import Decoding, generate
+from mistill.models.decoding import Decoding
+from mistill.models.generation import generate
 from mistill.models.loading import ModelSpec, checkpoint_directory, load_model, load_tokenizer
 from mistill.models.vllm_backend import EngineSettings, VLLMGenerator, engine_arguments
 

@@ -8,7 +8,7 @@ import sys
 import pytest
 
 from mistill.models.architectures import TinyArchitecture, build_model
-from mistill.models.generation import Decoding
+from mistill.models.decoding import Decoding
 from mistill.models.tokenizers import CompactTokenizer, base_tokenizer, build_remap
 from mistill.models.vllm_backend import EngineSettings, VLLMGenerator
 from mistill.rehearsal.build import ARCHITECTURES, SCRIPT_ENV, covered_texts

@@ -22,7 +22,6 @@ from mistill.repro.calibration import (
     calibrate,
     family_multiple,
     findings_table,
-    kind_range,
     measure_spreads,
     rms_deviation,
     round_up,
@@ -30,7 +29,7 @@ from mistill.repro.calibration import (
     write_spreads,
 )
 from mistill.repro.check import FAIL, PASS, run_check
-from mistill.repro.registry import load_registry
+from mistill.repro.registry import kind_range, load_registry
 from mistill.repro.second_machine import unmeasured
 from mistill.repro.tolerance import within_range
 from tests.repro.repro_helpers import REPO, bless_demo, commit_all, write_fixture

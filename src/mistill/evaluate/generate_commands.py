@@ -37,8 +37,9 @@ def cmd_generate(args) -> int:
     from tqdm import tqdm
 
     from mistill.io import provenance, write_json
+    from mistill.models.decoding import Decoding
     from mistill.models.fingerprint import model_fingerprint
-    from mistill.models.generation import Decoding, generate
+    from mistill.models.generation import generate
     from mistill.models.loading import ModelSpec, load_model, set_threads
     from mistill.models.trace_rows import ResumableRows, input_key
     from mistill.models.world_files import SHORTLIST, load_world

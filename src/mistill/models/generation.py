@@ -17,7 +17,7 @@ model's own `<think>` to (excluding) its end-of-turn token.
 
 Both backends tokenize the templated prompt with the project's tokenizer, stop at
 the model's end-of-turn token and decode with the same tokenizer (`completion_of`),
-so a trace means the same whichever backend wrote it.  A generation that reaches
+so a trace means the same whichever backend wrote it (`mistill.models.decoding`).  A generation that reaches
 the cap is marked `hit_cap`; validity and the answer are App. K's, decided by
 `mistill.world.answers` (a capped or unclosed generation is invalid and scores empty).
 """
@@ -25,48 +25,13 @@ the cap is marked `hit_cap`; validity and the answer are App. K's, decided by
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from mistill.errors import UserError
-
-if TYPE_CHECKING:
-    from mistill.models.vllm_backend import EngineSettings
+from mistill.models.decoding import Decoding, Generation, completion_of
+from mistill.models.vllm_backend import EngineSettings, VLLMGenerator
 
 BACKENDS = ("transformers", "vllm")
-
-
-@dataclass(frozen=True)
-class Generation:
-    prompt: str            # untemplated user text
-    completion: str        # text after the assistant header, without the end-of-turn token
-    n_new_tokens: int      # tokens generated, end-of-turn token included when emitted
-    hit_cap: bool          # stopped by max_new_tokens, not by end of turn
-    seed: int
-
-    def as_dict(self) -> dict[str, Any]:
-        return asdict(self)
-
-
-@dataclass(frozen=True)
-class Decoding:
-    temperature: float = 0.6
-    top_p: float = 0.95
-    top_k: int = 20
-    max_new_tokens: int = 1024
-
-    @classmethod
-    def from_params(cls, section: dict[str, Any]) -> Decoding:
-        known = {k: section[k] for k in cls.__dataclass_fields__ if k in section}
-        decoding = cls(**known)
-        if decoding.temperature <= 0:
-            raise UserError("decoding.temperature must be positive: greedy decoding loops in thinking mode (App. J.1)")
-        if not 0 < decoding.top_p <= 1 or decoding.top_k < 1 or decoding.max_new_tokens < 1:
-            raise UserError(f"decoding: invalid settings {decoding}")
-        return decoding
-
-    def as_dict(self) -> dict[str, Any]:
-        return asdict(self)
 
 
 def generate(model: Any, prompts: Sequence[str], *, seeds: Sequence[int], decoding: Decoding | None = None,
@@ -92,8 +57,6 @@ def generate(model: Any, prompts: Sequence[str], *, seeds: Sequence[int], decodi
     if backend == "transformers":
         return _generate_transformers(model, prompts, seeds, decoding, device, progress, batch_size)
     if backend == "vllm":
-        from mistill.models.vllm_backend import VLLMGenerator
-
         if isinstance(model, tuple):
             raise UserError("the vllm backend takes a model spec, not a loaded model")
         return VLLMGenerator(model, engine).generate(prompts, seeds, decoding, progress=progress)
@@ -125,12 +88,3 @@ def _generate_transformers(model_spec, prompts, seeds, decoding: Decoding, devic
                 results[i] = completion_of(prompts[i], new_ids, tokenizer, int(seeds[i]))
             bar.update(len(rows))
     return results
-
-
-def completion_of(prompt: str, new_ids: Sequence[int], tokenizer, seed: int) -> Generation:
-    """The stop rule, shared by both backends: a generation is closed by the model's end-of-turn token,
-    which is counted but not decoded; one that ends without it ran into the cap."""
-    new_ids = list(new_ids)
-    closed = bool(new_ids) and new_ids[-1] == tokenizer.eos_token_id
-    text_ids = new_ids[:-1] if closed else new_ids
-    return Generation(prompt, tokenizer.decode(text_ids), len(new_ids), not closed, int(seed))

@@ -200,8 +200,9 @@ def run_trace_set(params: dict[str, Any], trace_set: str, *, spec: str, device: 
     from tqdm import tqdm
 
     from mistill.io import provenance, write_json
+    from mistill.models.decoding import Decoding
     from mistill.models.fingerprint import model_fingerprint
-    from mistill.models.generation import Decoding, generate
+    from mistill.models.generation import generate
     from mistill.models.loading import ModelSpec, load_model
     from mistill.models.trace_rows import ResumableRows, input_key
     from mistill.models.vllm_backend import EngineSettings

@@ -17,7 +17,7 @@ so vLLM sets up its own workers as in a single process.
 Each request samples with its own seed (`SamplingParams(seed=...)`), the decoding
 settings and the cap on new tokens.  The engine gets token ids, not text: prompts
 are templated and tokenized by the project's tokenizer, as in the transformers
-path, and the new ids are decoded by it too (`generation.completion_of`), so the
+path, and the new ids are decoded by it too (`mistill.models.decoding.completion_of`), so the
 two backends agree on what a prompt and a completion are.  The stop rule is the
 transformers path's: the model's end-of-turn token and nothing else.
 """
@@ -32,7 +32,7 @@ from typing import Any
 
 from mistill.errors import UserError
 from mistill.io import read_json
-from mistill.models.generation import Decoding, Generation, completion_of
+from mistill.models.decoding import Decoding, Generation, completion_of
 from mistill.models.loading import ModelSpec, as_spec, checkpoint_directory, load_tokenizer, yarn_window
 from mistill.shard import Shard
 

@@ -36,12 +36,11 @@ import yaml
 
 from mistill.errors import UserError
 from mistill.io import atomic_open, file_sha256
-from mistill.repro.calibration import kind_range
 from mistill.repro.check import FAIL, NOT_REPRODUCED, CheckLine, fmt_value, run_check
 from mistill.repro.machine import describe_machine
 from mistill.repro.numbers import NumbersFile, hash_inputs, numbers_path, read_numbers
 from mistill.repro.pipeline import lock_files
-from mistill.repro.registry import EXPECTED_DIR, Registry, expected_path, infer_kind
+from mistill.repro.registry import EXPECTED_DIR, Registry, expected_path, infer_kind, kind_range
 from mistill.repro.registry_md import REGISTRY_MD
 from mistill.repro.tolerance import flatten, says_null
 

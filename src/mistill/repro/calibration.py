@@ -71,10 +71,11 @@ from scipy.stats import t as student_t
 
 from mistill.errors import UserError
 from mistill.io import atomic_open, code_version, file_sha256, read_json, write_json
-from mistill.repro.check import run_check
+from mistill.repro.bless import HEADER, refuse_uncommitted_code
 from mistill.repro.machine import describe_machine
 from mistill.repro.numbers import read_numbers
-from mistill.repro.registry import Registry, expected_path, statistic_words
+from mistill.repro.registry import Registry, expected_path, kind_range
+from mistill.repro.stage_times import replace_in_readme
 from mistill.repro.tolerance import Tolerance, flatten, says_null, shape
 
 SPREAD_FILE = "spread.json"
@@ -222,25 +223,6 @@ def round_up(x: float, digits: int = 2) -> float:
     return float(exact.quantize(quantum, rounding=ROUND_CEILING))
 
 
-# A statistic that names a ratio measures no proportion, whatever values it took so far (a lift of 0.999
-# on one machine is 1.004 on another).
-RATIO_WORDS = ("lift", "ratio", "perplexity", "odds")
-
-
-def kind_range(kind: str, values: list[float], stat: str = "") -> list[float]:
-    """The range a descriptive value of `kind` must lie in. A share or percent is a bounded proportion
-    unless its statistic names a ratio or its golden and replicates (`values`) already left the bound."""
-    if kind == "p_value":
-        return [0.0, 1.0]
-    if kind == "count":
-        return [0.0, math.inf]
-    bound = {"share": 1.0, "percent": 100.0}.get(kind)
-    ratio = any(word in RATIO_WORDS for word in statistic_words(stat))
-    if bound is not None and not ratio and all(abs(v) <= bound for v in values):
-        return [-bound, bound]
-    return [-math.inf, math.inf]
-
-
 @dataclass(frozen=True)
 class CalibratedValue:
     result_id: str
@@ -322,8 +304,6 @@ def expected_data(registry: Registry, profile: str) -> tuple[Path, dict[str, Any
 
 def calibratable_expected(registry: Registry, profile: str) -> tuple[Path, dict[str, Any]]:
     """The profile's expected-values file and its contents, if its goldens may be calibrated from this tree."""
-    from mistill.repro.bless import refuse_uncommitted_code
-
     data_path, data = expected_data(registry, profile)
     if not (data.get("meta") or {}).get("blessable", False):
         raise UserError(f"{data_path}: profile {profile!r} holds fixed expected values; nothing to calibrate")
@@ -491,8 +471,6 @@ def widen_ratio_ranges(expected: dict[str, dict[str, Any]]) -> list[tuple[str, s
 
 
 def write_expected(registry: Registry, profile: str, data_path: Path, data: dict[str, Any]) -> None:
-    from mistill.repro.bless import HEADER
-
     text = yaml.safe_dump(data, sort_keys=False, allow_unicode=True, width=120, default_flow_style=None)
     with atomic_open(data_path, "w", encoding="utf-8") as fh:
         fh.write(HEADER.format(profile=profile) + text)
@@ -536,137 +514,9 @@ def remark_from_expected(registry: Registry, profile: str) -> list[CalibratedVal
     return marked
 
 
-def register(subparsers) -> None:
-    """`mistill repro calibrate run | apply | machine`."""
-    cal = subparsers.add_parser("calibrate", help="tolerances from replicates of the distillation chain",
-                                description="run: rerun the chain once per replicate (params calibration) and "
-                                "write <out>/spread.json (the stage CAL of calibration/dvc.yaml runs this); "
-                                "apply: write the calibrated tolerances into results/expected/<profile>.yaml")
-    verbs = cal.add_subparsers(dest="verb", required=True)
-    run = verbs.add_parser("run", help="run the replicates not yet done, then measure the spreads")
-    run.set_defaults(func=cmd_run)
-    apply = verbs.add_parser("apply", help="write the calibrated tolerances into the profile's expected values")
-    apply.add_argument("--spreads", type=Path, help="spread file (default: <calibration.out>/spread.json)")
-    apply.add_argument("--doc", type=Path, nargs="?", const=Path("docs/tolerances.md"), default=None, metavar="PATH",
-                       help="also rewrite the findings table between its markers in docs/tolerances.md (or PATH)")
-    apply.add_argument("--marks-only", action="store_true",
-                       help="derive the calibrated values' marks again from the expected values alone, as after "
-                            "a re-bless: null intervals, and descriptive where a kept tolerance reaches zero from "
-                            "the golden (marks are added, never removed; no spread file, no tolerance changes)")
-    apply.set_defaults(func=cmd_apply)
-    machine = verbs.add_parser("machine", help="mark the values a run on another machine moved that no replicate "
-                               "measured (second_machine.py)")
-    machine.add_argument("run", type=Path, help="the run's directory: machine.yaml and results/R-*.json")
-    machine.add_argument("--dry-run", action="store_true", help="print what would be marked, write nothing")
-    machine.add_argument("--doc", type=Path, nargs="?", const=Path("docs/tolerances.md"), default=None, metavar="PATH",
-                         help="also rewrite the per-result table of how values are checked in docs/tolerances.md "
-                              "(or PATH)")
-    machine.set_defaults(func=cmd_machine)
-
-
-def cmd_run(args) -> int:
-    from mistill.params import load_params
-    from mistill.repro.registry import load_registry
-    from mistill.repro.replicates import CalibrationConfig, run_replicates
-
-    params = load_params()
-    config = CalibrationConfig.from_params(params)
-    registry = load_registry()
-    done = run_replicates(Path("."), config, config.replicates)
-    elsewhere = [r.name for r in config.replicates if r.name not in done]
-    if not elsewhere:
-        dirs = [done[r.name] for r in config.replicates]
-        spreads = measure_spreads(registry, params["profile"], dirs, config.results, config.reference)
-        write_spreads(config.out / SPREAD_FILE, spreads, dirs, config.family_alpha, config.reference)
-        moved = sum(1 for s in spreads if s.spread > 0)
-        print(f"{len(dirs)} replicates; {moved} of {len(spreads)} values moved; wrote {config.out / SPREAD_FILE}")
-    if config.held_out:     # checked, not measured: they need not hold the spreads up, and take an idle process
-        run_replicates(Path("."), config, config.held_out)
-    if elsewhere:
-        print(f"{', '.join(elsewhere)}: running in other processes; the last of them to finish measures the "
-              "spreads (or rerun `mistill repro calibrate run` once they have ended)")
-    return 0
-
-
-def cmd_apply(args) -> int:
-    from mistill.params import load_params
-    from mistill.repro.registry import load_registry
-    from mistill.repro.registry_md import write_registry_md
-    from mistill.repro.replicates import CalibrationConfig
-
-    params = load_params()
-    config = CalibrationConfig.from_params(params)
-    registry = load_registry()
-    if args.marks_only:
-        calibrated = remark_from_expected(registry, params["profile"])
-        for c in calibrated:
-            print(f"{c.result_id}.{c.key}: " + ("null interval (checked for containing 0)" if c.null_interval
-                                               else f"descriptive in {c.range} (its tolerance reaches zero)"))
-        print(f"marked {sum(c.null_interval for c in calibrated)} null intervals and "
-              f"{sum(c.descriptive for c in calibrated)} values descriptive in "
-              f"results/expected/{params['profile']}.yaml")
-        write_registry_md(registry)
-        if args.doc is not None:
-            registry = load_registry()
-            _rewrite_doc(args.doc, registry, params["profile"], config.results)
-            rewrite_value_checks(args.doc, registry, params["profile"])
-        return 0
-    calibrated = apply_calibration(registry, params["profile"], args.spreads or config.out / SPREAD_FILE)
-    for c in calibrated:
-        tol = f"±{c.tolerance:g}" if c.tolerance is not None else "class tolerance kept"
-        marks = (", null interval" if c.null_interval else "") + (f", descriptive in {c.range}" if c.descriptive else "")
-        print(f"{c.result_id}.{c.key}: {tol}{marks}")
-    descriptive = sum(c.descriptive for c in calibrated)
-    print(f"calibrated {sum(c.tolerance is not None for c in calibrated)} tolerances, {descriptive} values "
-          f"descriptive in "
-          f"results/expected/{params['profile']}.yaml")
-    # The tests of the tolerances: runs they were not measured on. A held-out replicate brings a perturbation
-    # of its own; the reference run, when the replicates ran away from the goldens' machine, is another CPU.
-    unseen = [(f"held out {rep.name} ({rep.describe()})", config.out / rep.name) for rep in config.held_out]
-    if config.reference is not None:
-        unseen.append((f"the reference run {config.reference} (the replicates' CPU, not the goldens')",
-                       config.reference))
-    failed = False
-    for name, directory in unseen:
-        if not directory.is_dir():
-            print(f"{name}: not run (dvc repro calibration/dvc.yaml)")
-            continue
-        failed |= breaches(registry, params["profile"], name, directory, config.results)
-    write_registry_md(registry)
-    if args.doc is not None:
-        _rewrite_doc(args.doc, registry, params["profile"], config.results)
-    return 1 if failed else 0
-
-
-def breaches(registry: Registry, profile: str, name: str, directory: Path, results: tuple[str, ...]) -> bool:
-    """Check a run's numbers files against the expected values, print the summary and each failed value;
-    whether any failed."""
-    report = run_check(registry, profile, directory, list(results))
-    print(f"{name}: {report.summary()}")
-    for line in report.lines:
-        if line.fails:
-            print(f"  {line.result_id}.{line.key}: {line.verdict} {line.detail}")
-    return report.failed
-
-
-def cmd_machine(args) -> int:
-    from mistill.repro.second_machine import cmd_machine as run
-
-    return run(args)
-
-
-def _rewrite_doc(doc: Path, registry: Registry, profile: str, results: tuple[str, ...]) -> None:
-    from mistill.repro.stage_times import replace_in_readme
-
-    replace_in_readme(doc, findings_table(registry, profile, results), README_BEGIN, README_END)
-    print(f"rewrote the findings table in {doc}")
-
-
 def rewrite_value_checks(doc: Path, registry: Registry, profile: str) -> None:
     """The guide's per-result table of how each distillation value is checked (docs/tolerances.md), and every
     value's check in demo-values.md beside it: both read the expected values alone."""
-    from mistill.repro.stage_times import replace_in_readme
-
     distillation = tuple(sorted((rid for rid in registry.results if rid.startswith("R-D")), key=lambda r: int(r[3:])))
     replace_in_readme(doc, checks_table(registry, profile, list(distillation)), CHECKS_BEGIN, CHECKS_END)
     values_doc = doc.parent / VALUES_DOC

@@ -70,13 +70,13 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     read.add_argument("reader_args", nargs=argparse.REMAINDER, help="passed to the reader")
     read.set_defaults(func=cmd_read)
 
-    from mistill.repro.privacy import register as register_privacy  # `mistill repro privacy`
+    from mistill.repro.privacy_command import register as register_privacy  # `mistill repro privacy`
     register_privacy(subparsers)
     from mistill.repro.remotes import register as register_publish  # `mistill repro publish`
     register_publish(subparsers)
     from mistill.repro.stage_times import register as register_stage_times  # `mistill repro stage-times`
     register_stage_times(subparsers)
-    from mistill.repro.calibration import register as register_calibrate  # `mistill repro calibrate`
+    from mistill.repro.calibration_commands import register as register_calibrate  # `mistill repro calibrate`
     register_calibrate(subparsers)
     from mistill.repro.grid import register as register_grid  # `mistill repro grid`
     register_grid(subparsers)

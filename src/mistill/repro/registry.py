@@ -12,6 +12,7 @@ derived from the class definitions of App. Q).
 
 from __future__ import annotations
 
+import math
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -359,6 +360,25 @@ def statistic_words(stat: str) -> list[str]:
     """The whole words of a statistic, lower case, without its parenthesised aside."""
     head = stat.lower().split("(")[0]
     return re.findall(r"%|[a-z0-9]+(?:-[a-z0-9]+)*", head)
+
+
+# A statistic that names a ratio measures no proportion, whatever values it took so far (a lift of 0.999
+# on one machine is 1.004 on another).
+RATIO_WORDS = ("lift", "ratio", "perplexity", "odds")
+
+
+def kind_range(kind: str, values: list[float], stat: str = "") -> list[float]:
+    """The range a descriptive value of `kind` must lie in. A share or percent is a bounded proportion
+    unless its statistic names a ratio or its golden and replicates (`values`) already left the bound."""
+    if kind == "p_value":
+        return [0.0, 1.0]
+    if kind == "count":
+        return [0.0, math.inf]
+    bound = {"share": 1.0, "percent": 100.0}.get(kind)
+    ratio = any(word in RATIO_WORDS for word in statistic_words(stat))
+    if bound is not None and not ratio and all(abs(v) <= bound for v in values):
+        return [-bound, bound]
+    return [-math.inf, math.inf]
 
 
 def infer_kind(name: str, value, stat: str) -> str:

@@ -32,6 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from mistill.errors import UserError
+from mistill.repro.privacy import Finding, run_privacy
 
 SETTINGS = ("private", "shareable", "shareable_outputs")
 PRIVATE, SHAREABLE = "private", "shareable"
@@ -157,8 +158,6 @@ def check_shareable(params: Mapping[str, Any], root: str | Path = ".", outputs: 
     Returns the privacy report (`mistill.repro.privacy.PrivacyReport`); a shareable output absent
     from the workspace cannot be checked and is reported as a finding, so it is never pushed unchecked.
     """
-    from mistill.repro.privacy import Finding, run_privacy
-
     root = Path(root)
     settings = RemoteSettings.from_params(params)
     outputs = stage_outputs(root) if outputs is None else outputs

@@ -55,12 +55,11 @@ from mistill.repro.calibration import (
     UNMEASURED,
     calibratable_expected,
     calibrated_multiple,
-    kind_range,
     rewrite_value_checks,
     write_expected,
 )
 from mistill.repro.numbers import read_numbers
-from mistill.repro.registry import Expected, Registry
+from mistill.repro.registry import Expected, Registry, kind_range
 from mistill.repro.tolerance import compare, contains_zero, flat_numbers, flatten, says_null, shape
 
 MACHINE_FILE = "machine.yaml"

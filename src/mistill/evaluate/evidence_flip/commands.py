@@ -78,8 +78,9 @@ def cmd_ef_cohort(args) -> int:
     from mistill.evaluate.evidence_flip.authoring import evidence_spans
     from mistill.evaluate.evidence_flip.freeze import freeze, verify, write_lock
     from mistill.io import provenance, read_json, read_jsonl, write_json, write_jsonl
+    from mistill.models.decoding import Decoding
     from mistill.models.fingerprint import model_fingerprint
-    from mistill.models.generation import Decoding, generate
+    from mistill.models.generation import generate
     from mistill.models.loading import ModelSpec, load_model
     from mistill.models.world_files import cut_for_prompt, data_dir
     from mistill.world.inventory import format_line, load_inventory
@@ -254,8 +255,9 @@ def cmd_ef_generate(args) -> int:
     from mistill.evaluate.evidence_flip.behaviour import CONDITIONS
     from mistill.evaluate.evidence_flip.cohort import CohortRules
     from mistill.evaluate.generate_commands import note_seed
+    from mistill.models.decoding import Decoding
     from mistill.models.fingerprint import model_fingerprint
-    from mistill.models.generation import Decoding, generate
+    from mistill.models.generation import generate
     from mistill.models.loading import ModelSpec, load_model, set_threads
     from mistill.models.trace_rows import ResumableRows, input_key
     from mistill.models.vllm_backend import EngineSettings
@@ -315,8 +317,8 @@ def cmd_ef_keymask(args) -> int:
     from mistill.evaluate.generate_commands import note_seed
     from mistill.instrument.keymask import decode_key_mask
     from mistill.io import write_json
+    from mistill.models.decoding import Decoding, completion_of
     from mistill.models.fingerprint import model_fingerprint
-    from mistill.models.generation import Decoding, completion_of
     from mistill.models.loading import ModelSpec, load_model, set_threads
     from mistill.models.sampling import sample_rows
     from mistill.models.trace_rows import ResumableRows, input_key
