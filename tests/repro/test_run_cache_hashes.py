@@ -3,7 +3,8 @@ and lock as DVC's own, each dependency hashed once after the run instead of agai
 
 from __future__ import annotations
 
-import os
+import shutil
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -83,13 +84,19 @@ def test_the_run_cache_entry_and_lock_are_dvc_s_with_each_dependency_hashed_once
     assert plain[2].count("inputs") >= 3 and patched[2].count("inputs") == 1
 
 
-def test_the_dependencies_answer_with_their_own_method_again_afterwards(tmp_path, monkeypatch, plain_stage_cache):
-    root = _project(tmp_path / "p")
+@contextmanager
+def _saved_stage(root: Path, monkeypatch):
+    """The project's stage with its dependencies saved (as `Stage.save` leaves them), and its `inputs`."""
     monkeypatch.chdir(root)
     with Repo(str(root)) as repo:
         stage = repo.stage.collect("count")[0]
         stage.save_deps()
-        dep = next(d for d in stage.deps if Path(d.fs_path).name == "inputs")
+        yield stage, next(d for d in stage.deps if Path(d.fs_path).name == "inputs")
+
+
+def test_the_dependencies_answer_with_their_own_method_again_afterwards(tmp_path, monkeypatch, plain_stage_cache):
+    root = _project(tmp_path / "p")
+    with _saved_stage(root, monkeypatch) as (stage, dep):
         saved = dep.hash_info
         (root / "inputs" / "9.txt").write_text("new")
         with run_cache_hashes.saved_hashes(stage.deps):
@@ -100,14 +107,8 @@ def test_the_dependencies_answer_with_their_own_method_again_afterwards(tmp_path
 
 def test_a_missing_dependency_keeps_dvc_s_answer(tmp_path, monkeypatch, plain_stage_cache):
     root = _project(tmp_path / "p")
-    monkeypatch.chdir(root)
-    with Repo(str(root)) as repo:
-        stage = repo.stage.collect("count")[0]
-        stage.save_deps()
-        dep = next(d for d in stage.deps if Path(d.fs_path).name == "inputs")
-        for name in os.listdir(root / "inputs"):
-            (root / "inputs" / name).unlink()
-        (root / "inputs").rmdir()
+    with _saved_stage(root, monkeypatch) as (stage, dep):
+        shutil.rmtree(root / "inputs")
         with run_cache_hashes.saved_hashes(stage.deps):
             assert "get_hash" not in vars(dep)
 
