@@ -16,10 +16,11 @@ model's own `<think>` to (excluding) its end-of-turn token.
   request (`mistill.models.vllm_backend`); vLLM is imported only when it is used.
 
 Both backends tokenize the templated prompt with the project's tokenizer, stop at
-the model's end-of-turn token and decode with the same tokenizer (`completion_of`),
-so a trace means the same whichever backend wrote it (`mistill.models.decoding`).  A generation that reaches
-the cap is marked `hit_cap`; validity and the answer are App. K's, decided by
-`mistill.world.answers` (a capped or unclosed generation is invalid and scores empty).
+the model's end-of-turn token and decode with the same tokenizer (`completion_of`,
+`mistill.models.decoding`), so a trace means the same whichever backend wrote it.
+A generation that reaches the cap is marked `hit_cap`; validity and the answer are
+App. K's, decided by `mistill.world.answers` (a capped or unclosed generation is
+invalid and scores empty).
 """
 
 from __future__ import annotations

@@ -8,15 +8,14 @@ import argparse
 import sys
 from pathlib import Path
 
-from mistill.repro.privacy import __doc__ as PRIVACY_DOC
-from mistill.repro.privacy import run_privacy
+from mistill.repro import privacy
 from mistill.repro.remotes import check_shareable
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
     sub = subparsers.add_parser(
         "privacy", help="scan results/, paper/build/ and given files for note text, trace text and note ids",
-        description=PRIVACY_DOC.splitlines()[0])
+        description=privacy.__doc__.splitlines()[0])
     sub.add_argument("paths", nargs="*", type=Path, metavar="PATH",
                      help="more files or directories to scan (logs meant for release, a remote's export)")
     sub.add_argument("--profile", help="profile whose notes and traces count (default: params.yaml's active one)")
@@ -36,7 +35,7 @@ def cmd_privacy(args: argparse.Namespace) -> int:
     if args.shareable:
         report = check_shareable(params)
     else:
-        report = run_privacy(params, [results, args.paper_build, *args.paths], required=args.paths)
+        report = privacy.run_privacy(params, [results, args.paper_build, *args.paths], required=args.paths)
     for note in report.notes:
         print(f"privacy: {note}")
     for finding in report.findings:
