@@ -5,11 +5,16 @@ Set sizes come from params: every bin of `instrument.knockin.bins` (the paper's 
 Table 1's necessity and knock-in sizes from `readers.necessity_k` and `readers.knockin_k` (the
 paper's top-8 and top-40).  The spread over notes (10th-90th percentile, notes above half) is read
 at the necessity size, as App. D reads it at the chapter top-8.
+
+Beyond the paper, where the teacher carries a planted mechanism (params
+`models.teacher_training.planted.teacher`, `mistill.models.planted`): each phase's global ranking
+scored against the planted set, recall at k = |planted| and every planted head's rank.
 """
 
 from __future__ import annotations
 
 from mistill.errors import UserError
+from mistill.instrument.global_sets import load_head_sets
 from mistill.instrument.readout import (
     PHASES,
     instrument_dir,
@@ -18,6 +23,7 @@ from mistill.instrument.readout import (
     run_reader,
     value,
 )
+from mistill.models.planted import PLANTED_PHASES, PlantedHeads, planted_ranks, planted_recall
 
 READER = "readers/r_c3.py"
 SET_PREFIX = {"top": "{m}_top{k}_{p}", "random": "{m}_random{k}_{p}", "bottom": "{m}_bottom{k}_{p}",
@@ -35,6 +41,40 @@ def table1_sizes(params: dict) -> tuple[int, int]:
     return settings.necessity_k, settings.knockin_k
 
 
+def planted_teacher(params: dict, n_layers: int, n_heads: int) -> PlantedHeads | None:
+    """The teacher's planted sets, if its profile trains it with one."""
+    training = (params.get("models") or {}).get("teacher_training") or {}
+    return PlantedHeads.from_params((training.get("planted") or {}).get("teacher"), n_layers=n_layers,
+                                    n_heads=n_heads)
+
+
+def planted_keys(params: dict) -> list[str]:
+    training = (params.get("models") or {}).get("teacher_training") or {}
+    if not (training.get("planted") or {}).get("teacher"):
+        return []
+    return [f"planted_{m}_{p.lower()}" for p in PLANTED_PHASES for m in ("recall", "ranks")]
+
+
+def planted_values(params: dict, sets_path) -> dict:
+    """Recall at k = |planted| and the planted heads' ranks in each phase's global ranking."""
+    body = load_head_sets(sets_path)
+    planted = planted_teacher(params, body["n_layers"], body["n_heads"])
+    if planted is None:
+        return {}
+    v = {}
+    for phase in PLANTED_PHASES:
+        ranked = [(row["layer"], row["head"]) for row in body["phases"][phase]]
+        heads = planted.sets[phase]
+        names = ", ".join(planted.as_dict()[phase])
+        v[f"planted_recall_{phase.lower()}"] = value(
+            planted_recall(ranked, heads), f"share of the planted {phase} heads ({names}) among the global "
+            f"{phase} ranking's top {len(heads)}", sets_path)
+        v[f"planted_ranks_{phase.lower()}"] = value(
+            list(planted_ranks(ranked, heads).values()), f"rank of each planted {phase} head ({names}) of "
+            f"{body['n_layers'] * body['n_heads']}", sets_path)
+    return v
+
+
 def keys(params: dict) -> list[str]:
     """Every key this reader can write under `params`."""
     bins = list(params["instrument"]["knockin"]["bins"])
@@ -49,7 +89,7 @@ def keys(params: dict) -> list[str]:
             for m in MEASURES:
                 out += [pattern.format(m=m, k=k, p=p) for pattern in SET_PREFIX.values()]
                 out.append(f"notes_{m}_above_random_{p}_k{k}")
-    return out
+    return out + planted_keys(params)
 
 
 def compute_values(params: dict) -> tuple[dict, list]:
@@ -127,7 +167,9 @@ def compute_values(params: dict) -> tuple[dict, list]:
                 [m for k, m in random_medians if k == min(k for k, _ in random_medians)]
         v["knockin_random_max"] = value(max(small), "max over phases and bins of <= 10% of the heads (else the "
                                         "smallest bin) of random-set medians", fa)
-    return v, [fa, *sorted(out.glob("*/patch2.jsonl"))]
+    planted = planted_values(params, out / "head_sets_contrast.json")
+    v.update(planted)
+    return v, [fa, *([out / "head_sets_contrast.json"] if planted else []), *sorted(out.glob("*/patch2.jsonl"))]
 
 
 def main() -> int:

@@ -165,6 +165,7 @@ def generated_notes(params: dict[str, Any], world: Any, n_patients: int, seed: i
 def cmd_train_teacher(args) -> int:
     from mistill.io import provenance
     from mistill.models.architectures import TinyArchitecture, build_model
+    from mistill.models.planted import PlantedHeads
     from mistill.models.train_teacher import build_examples, train
     from mistill.models.world_files import load_world
     from mistill.params import load_params
@@ -187,8 +188,12 @@ def cmd_train_teacher(args) -> int:
     world = load_world(params)
     tokenizer = demo_tokenizer(params, arch.tokenizer_family)
     notes = teacher_notes(params, world)
+    # a role may carry a planted mechanism (mistill.models.planted): its decisions routed through named heads
+    planted = PlantedHeads.from_params((cfg.get("planted") or {}).get(role), n_layers=arch.num_hidden_layers,
+                                       n_heads=arch.num_attention_heads)
     examples = build_examples(tokenizer, world, notes, seed=int(cfg["seed"]),
-                              shortlist_share=float(cfg["shortlist_share"]), shortlist_size=int(cfg["shortlist_size"]))
+                              shortlist_share=float(cfg["shortlist_share"]), shortlist_size=int(cfg["shortlist_size"]),
+                              with_decisions=planted is not None)
     # The compact table covers the demo corpus; teacher-only extra notes may hold a rare token outside
     # it, which trains as the unknown id.  A corpus note must never hit it.
     unknown = {ex.note_id: sum(i == tokenizer.unk_token_id for i in ex.ids) for ex in examples}
@@ -204,7 +209,7 @@ def cmd_train_teacher(args) -> int:
     if args.max_steps is not None:
         cfg = {**cfg, "max_steps": args.max_steps}
     start = time.time()
-    log = train(model, examples, cfg)
+    log = train(model, examples, cfg, planted=planted)
     seconds = time.time() - start
     model.config._attn_implementation = section.get("attn_implementation", "eager")
     out = Path(args.out or section[role])
@@ -214,7 +219,9 @@ def cmd_train_teacher(args) -> int:
                         kinds=dict(__import__("collections").Counter(ex.kind for ex in examples)),
                         architecture=arch.as_dict(), vocab_size=tokenizer.vocab_size,
                         unknown_tokens=sum(unknown.values()),
-                        torch_threads=__import__("torch").get_num_threads())
+                        torch_threads=__import__("torch").get_num_threads(),
+                        planted=planted.as_dict() if planted else None,
+                        decisions=sum(len(ex.decisions) for ex in examples))
     save_model_dir(model.cpu(), tokenizer, out, {"training_log.json": {"provenance": record, "steps": log}})
     print(f"{role}: {n_params} parameters, {len(examples)} examples, {len(log)} steps, {seconds:.0f}s on {device} "
           f"-> {out}")

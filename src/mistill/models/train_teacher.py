@@ -31,9 +31,13 @@ from __future__ import annotations
 import math
 import random
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from tqdm import tqdm
+
+from mistill.models.planted import PlantedHeads, PlantedRouting, decision_rows
 from mistill.models.world_files import FULL, SHORTLIST, DemoWorld
 from mistill.world.types import Note
 
@@ -46,45 +50,52 @@ class TeacherExample:
     kind: str                 # FULL or SHORTLIST
     ids: tuple[int, ...]      # prompt, completion, EOS
     n_prompt: int             # loss on ids[n_prompt:]
+    decisions: tuple[tuple[int, str], ...] = ()   # (query position, phase): the planted routing's rows
 
 
-def make_example(tokenizer: Any, note_id: str, kind: str, prompt: str, completion: str) -> TeacherExample:
+def make_example(tokenizer: Any, note_id: str, kind: str, prompt: str, completion: str,
+                 codes: Sequence[str] | None = None) -> TeacherExample:
     """Tokenise chat_prompt(prompt) + completion once; the prompt ends where the completion's first
-    character begins (offsets), and EOS closes the turn."""
+    character begins (offsets), and EOS closes the turn.  Given the inventory's `codes`, the example
+    also records its decision events (`mistill.models.planted.decision_rows`)."""
     prefix = tokenizer.chat_prompt(prompt)
     enc = tokenizer.encode(prefix + completion)
     n_prompt = next(i for i, (start, _) in enumerate(enc.offsets) if start >= len(prefix))
-    return TeacherExample(note_id, kind, tuple(enc.ids) + (tokenizer.eos_token_id,), n_prompt)
+    decisions = decision_rows(tokenizer, prefix + completion, len(prefix), codes) if codes is not None else ()
+    return TeacherExample(note_id, kind, tuple(enc.ids) + (tokenizer.eos_token_id,), n_prompt, decisions)
 
 
 def build_examples(tokenizer: Any, world: DemoWorld, notes: list[Note], *, seed: int,
-                   shortlist_share: float, shortlist_size: int, near_misses: bool = True) -> list[TeacherExample]:
+                   shortlist_share: float, shortlist_size: int, near_misses: bool = True,
+                   with_decisions: bool = False) -> list[TeacherExample]:
     """One full-inventory example per note, plus a shortlist example for a seeded `shortlist_share`
     of the notes over a `sampled_shortlist`; `near_misses=False` scripts traces that never name a
-    rejected sibling (`script_trace`).
+    rejected sibling (`script_trace`); `with_decisions` records each example's decision events
+    (what a planted routing term reads).
 
     The teacher never sees RT-003's shortlists: in the paper it is an off-the-shelf model, so its
     training must not depend on the retriever (and the demo teacher stage does not depend on it)."""
     rng = random.Random(seed)
+    codes = list(world.inventory.codes) if with_decisions else None
     examples = []
-    for note in notes:
-        examples.append(_example(tokenizer, note, FULL, world.candidates(note, FULL), seed, near_misses))
+    for note in tqdm(notes, desc="examples", unit="note", disable=not with_decisions):
+        examples.append(_example(tokenizer, note, FULL, world.candidates(note, FULL), seed, near_misses, codes))
         if rng.random() >= shortlist_share:
             continue
         candidates = sampled_shortlist(note, world.inventory, shortlist_size, rng)
-        examples.append(_example(tokenizer, note, SHORTLIST, candidates, seed, near_misses))
+        examples.append(_example(tokenizer, note, SHORTLIST, candidates, seed, near_misses, codes))
     return examples
 
 
 def _example(tokenizer: Any, note: Note, kind: str, candidates: list, seed: int,
-             near_misses: bool = True) -> TeacherExample:
+             near_misses: bool = True, codes: Sequence[str] | None = None) -> TeacherExample:
     from mistill.models.scripted_traces import script_trace
     from mistill.world.inventory import format_line
     from mistill.world.prompt import build_prompt
 
     trace = script_trace(note, candidates, seed=seed, near_misses=near_misses)
     prompt = build_prompt(note, [format_line(c) for c in candidates])
-    return make_example(tokenizer, note.note_id, kind, prompt, trace.completion)
+    return make_example(tokenizer, note.note_id, kind, prompt, trace.completion, codes)
 
 
 def sampled_shortlist(note: Note, inventory: Any, size: int, rng: random.Random, *, recall: float = 0.9) -> list:
@@ -112,6 +123,12 @@ def common_prefix_length(sequences: list[tuple[int, ...]]) -> int:
     return length
 
 
+def shared_prefix(batch: list[TeacherExample], min_shared: int = 64) -> int:
+    """Tokens of the prompt prefix a batch runs once (0 below `min_shared`); never a completion token."""
+    shared = min(common_prefix_length([ex.ids for ex in batch]), min(ex.n_prompt for ex in batch) - 1)
+    return shared if shared >= min_shared else 0
+
+
 def batch_loss(model: Any, batch: list[TeacherExample], *, min_shared: int = 64):
     """Token-mean completion cross-entropy of a batch (a scalar tensor) and its token count.
 
@@ -122,8 +139,7 @@ def batch_loss(model: Any, batch: list[TeacherExample], *, min_shared: int = 64)
     import torch.nn.functional as F
 
     device = next(model.parameters()).device
-    shared = min(common_prefix_length([ex.ids for ex in batch]), min(ex.n_prompt for ex in batch) - 1)
-    shared = shared if shared >= min_shared else 0
+    shared = shared_prefix(batch, min_shared)
     cache = None
     if shared:
         prefix = torch.tensor([batch[0].ids[:shared]], device=device)
@@ -175,10 +191,13 @@ def lr_at(step: int, total: int, peak: float, warmup_share: float) -> float:
 
 
 def train(model: Any, examples: list[TeacherExample], config: dict[str, Any], *, progress: bool = True,
-          desc: str = "teacher") -> list[dict]:
-    """Train in place; returns the per-step log (epoch, step, lr, loss, tokens, seconds)."""
+          desc: str = "teacher", planted: PlantedHeads | None = None) -> list[dict]:
+    """Train in place; returns the per-step log (epoch, step, lr, loss, tokens, seconds).
+
+    With `planted`, the forward holds the non-planted heads at their means at every decision and the
+    loss adds its weight times the routing term R (`mistill.models.planted.PlantedRouting`; the
+    examples must carry their decisions); the log has each step's R."""
     import torch
-    from tqdm import tqdm
 
     seed, epochs, batch_size = int(config["seed"]), int(config["epochs"]), int(config["batch_size"])
     torch.manual_seed(seed)
@@ -188,6 +207,7 @@ def train(model: Any, examples: list[TeacherExample], config: dict[str, Any], *,
     total = steps_per_epoch * epochs
     # max_steps stops early (smoke runs, timing) without changing the schedule of the full run
     stop = min(total, int(config.get("max_steps") or total))
+    routing_hooks = PlantedRouting(model, planted) if planted is not None else None
     model.train()
     log, step, start = [], 0, time.time()
     bar = tqdm(total=stop, desc=desc, unit="step", disable=not progress)
@@ -198,16 +218,27 @@ def train(model: Any, examples: list[TeacherExample], config: dict[str, Any], *,
             lr = lr_at(step, total, float(config["lr"]), float(config.get("warmup_share", 0.05)))
             for group in optimizer.param_groups:
                 group["lr"] = lr
-            loss, n_tokens = batch_loss(model, batch)
+            row: dict = {}
+            if planted is None:
+                loss, n_tokens = batch_loss(model, batch)
+            else:
+                with routing_hooks.applied(batch, shared_prefix(batch)):
+                    loss, n_tokens = batch_loss(model, batch)
+                routing, n_decisions = routing_hooks.penalty()
+                if routing is not None:
+                    row = {"cross_entropy": float(loss.detach()), "routing": float(routing.detach()),
+                           "decisions": n_decisions}
+                    loss = loss + planted.weight * routing
             optimizer.zero_grad(set_to_none=True)
             loss.backward()
             torch.nn.utils.clip_grad_norm_(model.parameters(), float(config.get("clip", 1.0)))
             optimizer.step()
             log.append({"epoch": epoch, "step": step, "lr": lr, "loss": float(loss.detach()), "tokens": n_tokens,
-                        "kind": batch[0].kind, "seconds": round(time.time() - start, 2)})
+                        "kind": batch[0].kind, "seconds": round(time.time() - start, 2), **row})
             step += 1
             bar.update(1)
-            bar.set_postfix(epoch=epoch, loss=f"{float(loss.detach()):.3f}")
+            bar.set_postfix(epoch=epoch, loss=f"{float(loss.detach()):.3f}", **(
+                {"routing": f"{row['routing']:.3f}"} if row else {}))
     bar.close()
     model.eval()
     return log

@@ -1,0 +1,228 @@
+"""The planted mechanism: decision rows as the instrument extracts them, the routing term against a
+brute-force forward per example, its scale invariance, that training lowers it, and the recall score."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from mistill.errors import UserError
+from mistill.instrument.events import DECISION_KINDS, extract_events
+from mistill.models.architectures import TinyArchitecture, build_model
+from mistill.models.planted import (
+    PlantedHeads,
+    PlantedRouting,
+    decision_rows,
+    planted_ranks,
+    planted_recall,
+)
+from mistill.models.tokenizers import CompactTokenizer, build_remap, qwen3_tokenizer
+from mistill.models.train_teacher import batch_loss, make_example, shared_prefix, train
+
+ARCH = {"family": "qwen3", "hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4,
+        "num_key_value_heads": 2, "head_dim": 8}
+CODES = [f"N18.{i}" for i in range(1, 7)] + [f"I21.{i}" for i in range(1, 4)]
+INVENTORY_LINES = "\n".join(f"{c} condition {c[-1]}" for c in CODES)
+NOTES = ["stage 3 kidney disease and an infarct", "stage 5 kidney disease noted", "stage 1 only, infarct"]
+COMPLETIONS = ["<think>\nthe findings point to chapter N.\nN18.4 rejected.\nN18.3 accepted.\nI21.2 accepted.\n</think>"
+               "\n\n[\"N18.3\", \"I21.2\"]",
+               "<think>\nN18.5 accepted.\n</think>\n\n[\"N18.5\"]",
+               "<think>\nI21.3 rejected.\nI21.1 accepted.\nN18.2 rejected.\nN18.1 accepted.\n</think>\n\n"
+               "[\"I21.1\", \"N18.1\"]"]
+PLANTED = {"P1": ["l1h0"], "P2": ["l1h1", "l0h2"], "P2C": ["l1h3"], "weight": 2.0}
+
+
+@pytest.fixture(scope="module")
+def tokenizer():
+    base = qwen3_tokenizer()
+    texts = [base.chat_prompt(f"{INVENTORY_LINES}\n\n{n}") for n in NOTES] + COMPLETIONS + [" N I (N (I N I"]
+    return CompactTokenizer(base, build_remap(base, texts))
+
+
+@pytest.fixture(scope="module")
+def examples(tokenizer):
+    return [make_example(tokenizer, f"n{i}", "full", f"{INVENTORY_LINES}\n\n{note}", completion, CODES)
+            for i, (note, completion) in enumerate(zip(NOTES, COMPLETIONS))]
+
+
+def tiny_model(tokenizer, seed=0):
+    return build_model(TinyArchitecture.from_params(ARCH), vocab_size=tokenizer.vocab_size,
+                       eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id, seed=seed,
+                       attn_implementation="sdpa")
+
+
+def planted_heads():
+    return PlantedHeads.from_params(PLANTED, n_layers=2, n_heads=4)
+
+
+def test_decision_rows_are_the_instrument_s_events_one_phase_a_position(tokenizer):
+    prefix = tokenizer.chat_prompt(f"{INVENTORY_LINES}\n\n{NOTES[0]}")
+    text = prefix + COMPLETIONS[0]
+    rows = decision_rows(tokenizer, text, len(prefix), CODES)
+    enc = tokenizer.encode(text)
+    events, _ = extract_events(note_id="x", text=text, ids=enc.ids, offsets=enc.offsets,
+                               completion_start=len(prefix), codes=CODES, tokenizer=tokenizer, n_null=0)
+    decisions = [e for e in events if e.kind in DECISION_KINDS]
+    assert {q for q, _ in rows} == {e.pos - 1 for e in decisions}
+    assert {phase for _, phase in rows} == {"P1", "P2", "P2C"}
+    by_pos = {}
+    for e in decisions:
+        by_pos.setdefault(e.pos - 1, set()).add(e.kind)
+    shared = [q for q, kinds in by_pos.items() if kinds == {"P2", "P2C"}]
+    assert shared  # N18.3's "3" after the rejected N18.4: both a P2 and a P2C event ...
+    assert all(dict(rows)[q] == "P2C" for q in shared)  # ... planted as the contrastive decision
+
+
+def brute_force(model, examples, planted, n_heads=4):
+    """Each example alone, no shared prefix: hooks that hold every non-planted head at its mean over
+    the example's input at each decision; (R averaged over all decisions, token-mean CE of the batch)."""
+    n_layers = len(model.model.layers)
+    terms, ce_sum, ce_count = [], 0.0, 0
+    for ex in examples:
+        per_q = {q: [] for q, _ in ex.decisions}
+
+        def make(layer):
+            def hook(module, args):
+                z = args[0].view(len(ex.ids), n_heads, -1)   # the closing EOS last: causal, never read
+                mu = z[:-1].mean(dim=0)
+                scale = (z[:-1] - mu).pow(2).sum(-1).mean(0).detach()
+                out = z.clone()
+                for q, phase in ex.decisions:
+                    held = torch.tensor(planted.held_mask(phase, n_layers, n_heads)[layer])
+                    per_q[q] += list(((z[q] - mu).pow(2).sum(-1) / (scale + 1e-6))[held])
+                    out[q, held] = mu[held].detach()
+                return (out.reshape(args[0].shape),)
+            return hook
+
+        handles = [layer.self_attn.o_proj.register_forward_pre_hook(make(i))
+                   for i, layer in enumerate(model.model.layers)]
+        logits = model(torch.tensor([list(ex.ids)])).logits[0, :-1]
+        for h in handles:
+            h.remove()
+        terms += [torch.stack(values).mean() for values in per_q.values()]
+        targets = torch.tensor(ex.ids[1:])
+        keep = torch.arange(1, len(ex.ids)) >= ex.n_prompt
+        ce_sum = ce_sum + torch.nn.functional.cross_entropy(logits[keep], targets[keep], reduction="sum")
+        ce_count += int(keep.sum())
+    return torch.stack(terms).mean(), len(terms), ce_sum / ce_count
+
+
+@pytest.mark.parametrize("min_shared", [8, 10 ** 6])
+def test_routed_batch_equals_a_routed_forward_per_example(tokenizer, examples, min_shared):
+    """The shared-prefix batch, its held heads replaced by their means at every decision, gives the
+    per-example computation's R and cross-entropy, and the same gradients."""
+    model = tiny_model(tokenizer).double()
+    planted = planted_heads()
+    routing = PlantedRouting(model, planted)
+    shared = shared_prefix(examples, min_shared)
+    assert (shared > 0) == (min_shared == 8)
+    with routing.applied(examples, shared):
+        ce, _ = batch_loss(model, examples, min_shared=min_shared)
+    got, n = routing.penalty()
+    (ce + got).backward()
+    grads = [p.grad.clone() for p in model.parameters()]
+    model.zero_grad()
+    want, n_want, ce_want = brute_force(model, examples, planted)
+    (ce_want + want).backward()
+    assert n == n_want == sum(len(ex.decisions) for ex in examples)
+    torch.testing.assert_close(got.double(), want, rtol=1e-5, atol=1e-8)
+    torch.testing.assert_close(ce, ce_want)
+    for mine, theirs in zip(grads, [p.grad for p in model.parameters()]):
+        torch.testing.assert_close(mine, theirs, rtol=1e-4, atol=1e-7)
+
+
+def test_the_routed_forward_changes_only_the_decisions(tokenizer, examples):
+    """Logits before the first decision are the plain forward's; the first decision's differ."""
+    model = tiny_model(tokenizer).double()
+    ex = examples[0]
+    first = min(q for q, _ in ex.decisions)
+    with torch.no_grad():
+        plain = model(torch.tensor([list(ex.ids)])).logits[0]
+        with PlantedRouting(model, planted_heads()).applied([ex], 0):
+            routed = model(torch.tensor([list(ex.ids)])).logits[0]
+    torch.testing.assert_close(routed[:first], plain[:first])
+    assert not torch.allclose(routed[first], plain[first])
+
+
+def test_routing_penalty_ignores_a_head_s_scale(tokenizer, examples):
+    """Scaling the last layer's values (its every z_h x 10, nothing after it reads them but the
+    residual) leaves R unchanged: shrinking heads cannot lower it."""
+    model = tiny_model(tokenizer).double()
+    routing = PlantedRouting(model, planted_heads())
+
+    def penalty():
+        with routing.applied(examples, shared_prefix(examples, 8)), torch.no_grad():
+            batch_loss(model, examples, min_shared=8)
+        return routing.penalty()[0]
+
+    before = penalty()
+    with torch.no_grad():
+        model.model.layers[-1].self_attn.v_proj.weight.mul_(10.0)
+    assert float(before) > 0.1
+    torch.testing.assert_close(penalty(), before, rtol=1e-4, atol=1e-6)
+
+
+def test_training_with_the_routing_term_lowers_it(tokenizer, examples):
+    torch.set_num_threads(1)
+    config = {"seed": 0, "epochs": 60, "batch_size": 3, "lr": 1e-2, "warmup_share": 0.1}
+    log = train(tiny_model(tokenizer), examples, config, progress=False, planted=planted_heads())
+    plain = train(tiny_model(tokenizer), examples, config, progress=False)
+    assert all("routing" in row for row in log) and not any("routing" in row for row in plain)
+    first, last = np.mean([r["routing"] for r in log[:5]]), np.mean([r["routing"] for r in log[-5:]])
+    assert last < first / 5
+    assert log[-1]["cross_entropy"] < log[0]["cross_entropy"] / 1.5  # and the traces are still learned
+
+
+def test_recall_is_one_for_the_planted_ranking_and_chance_for_a_shuffled_one():
+    heads = [(layer, head) for layer in range(4) for head in range(8)]
+    planted = frozenset({(1, 5), (2, 2), (3, 6)})
+    ranked = sorted(planted) + [h for h in heads if h not in planted]
+    assert planted_recall(ranked, planted) == 1.0
+    assert planted_ranks(ranked, planted) == {"l1h5": 1, "l2h2": 2, "l3h6": 3}
+    rng = np.random.default_rng(0)
+    shuffled = [planted_recall([heads[i] for i in rng.permutation(len(heads))], planted) for _ in range(4000)]
+    # recall at k = |P| of a random ranking has mean |P| / N (hypergeometric): 3 / 32
+    assert np.mean(shuffled) == pytest.approx(3 / 32, abs=0.01)
+    assert planted_recall([heads[i] for i in np.argsort([h in planted for h in heads])], planted) == 0.0
+
+
+@pytest.mark.parametrize("cfg, message", [
+    ({"P1": ["l1h0"], "P2": ["l1h1"]}, "missing P2C"),
+    ({"P1": ["h1"], "P2": ["l1h1"], "P2C": ["l1h2"]}, "not a head name"),
+    ({"P1": ["l2h0"], "P2": ["l1h1"], "P2C": ["l1h2"]}, "outside the model"),
+    ({"P1": ["l1h0"], "P2": ["l1h1"], "P2C": ["l1h2"], "weight": 0}, "positive"),
+])
+def test_planted_params_are_checked(cfg, message):
+    with pytest.raises(UserError, match=message):
+        PlantedHeads.from_params(cfg, n_layers=2, n_heads=4)
+    assert PlantedHeads.from_params(None, n_layers=2, n_heads=4) is None
+
+
+def test_the_r_c3_reader_scores_the_global_rankings_against_the_planted_sets(tmp_path):
+    """planted_values on a hand-made head_sets_contrast.json: P1's ranking has its planted pair on
+    top, P2's one of two, P2C's none; and a profile without a planted teacher writes no key."""
+    import importlib.util
+    import json
+
+    spec = importlib.util.spec_from_file_location("r_c3", "readers/r_c3.py")
+    r_c3 = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(r_c3)
+    order = {"P1": [(1, 0), (1, 1), (0, 0), (0, 1)], "P2": [(0, 1), (1, 2), (0, 0), (1, 3)],
+             "P2C": [(0, 0), (0, 1), (1, 0), (1, 3)]}
+    rest = [(layer, head) for layer in range(2) for head in range(4)]
+    body = {"n_layers": 2, "n_heads": 4, "pool_k": 2,
+            "phases": {p: [{"layer": h[0], "head": h[1], "ic": 1.0 - i / 10}
+                           for i, h in enumerate(heads + [r for r in rest if r not in heads])]
+                       for p, heads in order.items()}}
+    path = tmp_path / "head_sets_contrast.json"
+    path.write_text(json.dumps(body))
+    planted = {"P1": ["l1h0", "l1h1"], "P2": ["l1h2", "l0h2"], "P2C": ["l1h1", "l1h2"]}
+    params = {"models": {"teacher_training": {"planted": {"teacher": planted}}}}
+    got = {k: v["value"] for k, v in r_c3.planted_values(params, path).items()}
+    assert got == {"planted_recall_p1": 1.0, "planted_ranks_p1": [1, 2],
+                   "planted_recall_p2": 0.5, "planted_ranks_p2": [5, 2],
+                   "planted_recall_p2c": 0.0, "planted_ranks_p2c": [7, 8]}
+    assert sorted(got) == sorted(r_c3.planted_keys(params))
+    assert r_c3.planted_values({"models": {"teacher_training": None}}, path) == {}
+    assert r_c3.planted_keys({"models": {"teacher_training": None}}) == []
