@@ -19,7 +19,7 @@ import math
 import statistics
 from pathlib import Path
 
-from mistill.distill.selection_commands import grid_entry, selection_file
+from mistill.distill.selection_grids import grid_entry, selection_file
 from mistill.errors import UserError
 from mistill.evaluate.compare import clustered
 from mistill.evaluate.readout import cap_share, main_for, per_note_f1, read_arm, value

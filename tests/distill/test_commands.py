@@ -289,7 +289,7 @@ def test_select_applies_the_rule_and_takes_one_outward_step(project, monkeypatch
     readouts = {0.3: (0.40, 0.90), 1.0: (0.35, 0.95), 3.0: (0.30, 0.99), 0.1: (0.398, 0.97)}
     trained = []
 
-    def fake_cell(parsers, name, entry, lam, grid_dir, validation):
+    def fake_cell(params, parser, name, entry, lam, grid_dir, validation):
         trained.append(lam)
         return Cell(lam, *readouts[lam])
 
@@ -308,9 +308,11 @@ def test_select_applies_the_rule_and_takes_one_outward_step(project, monkeypatch
     assert chosen["outward_step"] == 0.1 and [c["lambda"] for c in chosen["cells"]] == [0.1, 0.3, 1.0, 3.0]
     assert (project / "select" / "g" / "m1_notes.jsonl").read_text().count("note_id") == 2
 
-    args = selection_commands._cell_args("g", params["demo"]["selection"]["grids"]["g"], 0.3, project / "run")
-    assert args[args.index("--lambda-p1") + 1] == args[args.index("--lambda-p2") + 1] == "0.3"
-    assert args[args.index("--heads") + 1] == "random"   # a grid's recipe switch reaches its cells
+    from mistill.params import load_params
+
+    spec = selection_commands.cell_spec(load_params(), params["demo"]["selection"]["grids"]["g"], 0.3, project / "run")
+    assert spec.arm == "mistill" and spec.lambdas == (0.3, 0.3) and spec.out == project / "run"
+    assert spec.heads == "random"   # a grid's recipe switch reaches its cells
     for reserved in ("picks", "reference"):   # directories of selection.dir cannot name a grid
         params["demo"]["selection"]["grids"][reserved] = params["demo"]["selection"]["grids"]["g"]
         (project / "params.yaml").write_text(yaml.safe_dump(params))

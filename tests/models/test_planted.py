@@ -192,6 +192,7 @@ def test_recall_is_one_for_the_planted_ranking_and_chance_for_a_shuffled_one():
     ({"P1": ["h1"], "P2": ["l1h1"], "P2C": ["l1h2"]}, "not a head name"),
     ({"P1": ["l2h0"], "P2": ["l1h1"], "P2C": ["l1h2"]}, "outside the model"),
     ({"P1": ["l1h0"], "P2": ["l1h1"], "P2C": ["l1h2"], "weight": 0}, "positive"),
+    ({"P1": ["l1h0"], "P2": ["l1h1"], "P2C": ["l1h2"], "ablate_share": 1.5}, "ablate_share"),
 ])
 def test_planted_params_are_checked(cfg, message):
     with pytest.raises(UserError, match=message):
@@ -226,3 +227,27 @@ def test_the_r_c3_reader_scores_the_global_rankings_against_the_planted_sets(tmp
     assert sorted(got) == sorted(r_c3.planted_keys(params))
     assert r_c3.planted_values({"models": {"teacher_training": None}}, path) == {}
     assert r_c3.planted_keys({"models": {"teacher_training": None}}) == []
+
+
+def test_a_step_that_does_not_ablate_is_the_plain_forward_with_r_recorded(tokenizer, examples):
+    """ablate=False: the logits are the untouched model's; R is the same as under the ablating forward's
+    first layer (no ablation upstream of it), and training with ablate_share 0.5 ablates about half the steps."""
+    model = tiny_model(tokenizer).double()
+    routing = PlantedRouting(model, planted_heads())
+    ex = examples[0]
+    with torch.no_grad():
+        plain = model(torch.tensor([list(ex.ids)])).logits
+        with routing.applied([ex], 0, ablate=False):
+            kept = model(torch.tensor([list(ex.ids)])).logits
+        untouched_first_layer = routing._terms[0].clone()
+        with routing.applied([ex], 0):
+            model(torch.tensor([list(ex.ids)]))
+    torch.testing.assert_close(kept, plain)
+    torch.testing.assert_close(routing._terms[0], untouched_first_layer)
+    half = PlantedHeads.from_params({**PLANTED, "ablate_share": 0.5}, n_layers=2, n_heads=4)
+    log = train(tiny_model(tokenizer), examples, {"seed": 0, "epochs": 40, "batch_size": 3, "lr": 1e-2},
+                progress=False, planted=half)
+    assert 10 <= sum(row["ablated"] for row in log) <= 30
+    assert all(row["ablated"] for row in train(tiny_model(tokenizer), examples, {"seed": 0, "epochs": 3,
+                                                                                "batch_size": 3, "lr": 1e-2},
+                                               progress=False, planted=planted_heads()))

@@ -20,10 +20,11 @@ def cmd_train(args) -> int:
     import torch
 
     from mistill.baselines import arms
-    from mistill.distill.commands import _load_traces, run_identity, train_config
     from mistill.distill.runs import run_dir
     from mistill.distill.targets import check_teacher, read_note_targets
+    from mistill.distill.targets_pass import load_traces
     from mistill.distill.trainer import precision_dtype
+    from mistill.distill.training_run import run_identity, train_config
     from mistill.io import provenance
     from mistill.models.fingerprint import model_fingerprint
     from mistill.models.loading import ModelSpec, load_model, resolve_device, set_threads
@@ -64,7 +65,7 @@ def cmd_train(args) -> int:
         config = arms.DistiLLM2Config(alpha=float(section["alpha"]), beta=float(section["beta"]))
         responses_path = Path(args.responses or section["responses"].format(label=args.student.removeprefix("student_")))
         responses = _responses(responses_path)
-        traces = {t["note_id"]: t for t in _load_traces(Path(cfg["traces"]), set(manifest["notes"]))}
+        traces = {t["note_id"]: t for t in load_traces(Path(cfg["traces"]), set(manifest["notes"]))}
         missing = [n for n in manifest["notes"] if n not in responses or n not in traces]
         if missing:
             raise UserError(f"{responses_path}: no student response or teacher trace for {len(missing)} training "
@@ -88,8 +89,8 @@ def cmd_onpolicy(args) -> int:
     import torch
 
     from mistill.baselines import onpolicy
-    from mistill.distill.commands import _load_traces
     from mistill.distill.runs import run_dir
+    from mistill.distill.targets_pass import load_traces
     from mistill.io import provenance, read_json
     from mistill.models.loading import ModelSpec, load_model, resolve_device, set_threads
     from mistill.params import load_params
@@ -106,7 +107,7 @@ def cmd_onpolicy(args) -> int:
     seed = int(args.seed)
     targets_dir = Path(args.targets or cfg["targets_dir"])
     manifest = read_json(targets_dir / "manifest.json", "targets manifest")
-    traces = onpolicy.training_traces(_load_traces(Path(cfg["traces"]), set(manifest["notes"])), manifest["notes"],
+    traces = onpolicy.training_traces(load_traces(Path(cfg["traces"]), set(manifest["notes"])), manifest["notes"],
                                       config.max_notes)
     teacher_spec = params["models"]["teacher"]
     # the teacher scores the rollouts as it wrote the traces: its dtype, YaRN and revision

@@ -3,8 +3,8 @@
 A grid entry (params `selection.grids.<name>`) names the student, seed and precision of its cells, the λs,
 the tie band, whether the grid may take its one outward step, and any recipe switch of a variant
 (`heads: random` for the RandHeads pool of App. M.2). Each cell is a Mistill run at λ_P1 = λ_P2 = λ,
-trained and evaluated through the same commands as every arm (`distill train`, `evaluate arm`), on the
-validation notes of params `selection` with the teacher's traces and events there.
+trained as every run is (`mistill.distill.training_run`) and evaluated through the same command as every
+arm (`evaluate arm`), on the validation notes of params `selection` with the teacher's traces and events there.
 The rule is `mistill.distill.selection`. Written:
 
     <selection.dir>/<name>/l<λ>/{run/, generations.jsonl, task.json, fidelity.json, m1.json, cell.json}
@@ -20,73 +20,25 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from mistill.distill.runs import VARIANT_IDENTITY, VARIANT_SWITCHES, switch_options
-from mistill.distill.selection import Cell, check_grid, outward_step, pick, tied
+from mistill.distill.run_spec import RunSpec
+from mistill.distill.runs import switch_options
+from mistill.distill.selection import Cell, outward_step, pick, tied
+from mistill.distill.selection_grids import GRID_SWITCHES, grid_entry, selection_file
+from mistill.distill.training_run import train_run
 from mistill.errors import UserError
 
-GRID_RULE = ("lambdas", "band", "extend")
-RESERVED = ("picks", "reference")   # directories of selection.dir beside the grids' cells
-# what a grid's cells may change besides λ: a variant's switches, less those that set or rescale λ
-GRID_SWITCHES = tuple(s for s in VARIANT_SWITCHES if s not in ("arm", "lambda_p1", "lambda_p2", "lambda_from", "dose"))
+
+def cell_spec(params: dict, entry: dict, lam: float, run: Path) -> RunSpec:
+    """A cell's Mistill run: the grid's student, seed, precision and switches at λ_P1 = λ_P2 = λ, the λ as the
+    cell's directory names it (six significant digits)."""
+    lam = float(f"{lam:g}")
+    options = {"arm": "mistill", "student": f"student_{entry['student']}", "precision": entry["precision"],
+               "seed": int(entry["seed"]), "lambda_p1": lam, "lambda_p2": lam, "out": str(run),
+               **switch_options(entry, GRID_SWITCHES)}
+    return RunSpec.resolve(params, options)
 
 
-def grid_entry(selection: dict, name: str) -> dict:
-    """params `selection.grids.<name>`, checked."""
-    grids = (selection or {}).get("grids") or {}
-    if name not in grids:
-        raise UserError(f"unknown selection grid {name!r}; params selection.grids names "
-                        f"{', '.join(sorted(grids)) or 'none'}")
-    if name in RESERVED:
-        raise UserError(f"params selection.grids.{name}: {name!r} names a directory of {selection['dir']}; "
-                        f"rename the grid")
-    entry = dict(grids[name])
-    missing = [k for k in (*VARIANT_IDENTITY, *GRID_RULE) if k not in entry]
-    unknown = sorted(set(entry) - set(VARIANT_IDENTITY) - set(GRID_RULE) - set(GRID_SWITCHES))
-    if missing or unknown:
-        raise UserError(f"params selection.grids.{name}: "
-                        + "; ".join([f"missing {', '.join(missing)}"] * bool(missing)
-                                    + [f"unknown keys {', '.join(unknown)} (switches: {', '.join(GRID_SWITCHES)})"]
-                                    * bool(unknown)))
-    entry["lambdas"] = check_grid(entry["lambdas"])
-    return entry
-
-
-def selection_file(selection: dict, name: str) -> Path:
-    """The pick of grid `name`: what a Mistill run whose params name this grid (distill.lambda_from, a variant's
-    lambda_from) reads."""
-    return Path(selection["dir"]) / "picks" / f"{name}.json"
-
-
-def read_selection(selection: dict, name: str) -> dict:
-    """The pick file of grid `name` (cells, tied set, pick), as `mistill distill select` wrote it."""
-    from mistill.io import read_json
-
-    path = selection_file(selection, name)
-    if not path.is_file():
-        raise UserError(f"{path}: no λ selection (run `dvc repro pipelines/distill/dvc.yaml:DT-select@{name}`)")
-    return read_json(path, "λ selection")
-
-
-def selected_lambdas(selection: dict, name: str) -> tuple[float, float]:
-    chosen = read_selection(selection, name)["selected"]
-    return float(chosen["lambda_p1"]), float(chosen["lambda_p2"])
-
-
-def selection_cells(chosen: dict) -> list[Cell]:
-    """The validation cells of a pick file."""
-    return [Cell(float(c["lambda"]), float(c["micro_f1"]), float(c["m1_p2c"])) for c in chosen["cells"]]
-
-
-def _cell_args(name: str, entry: dict, lam: float, run: Path) -> list[str]:
-    args = ["distill", "train", "--arm", "mistill", "--student", f"student_{entry['student']}",
-            "--precision", entry["precision"], "--seed", str(int(entry["seed"])),
-            "--lambda-p1", f"{lam:g}", "--lambda-p2", f"{lam:g}", "--out", str(run)]
-    for switch, value in switch_options(entry, GRID_SWITCHES).items():
-        args += [f"--{switch.replace('_', '-')}", str(value)]
-    return args
-
-
-def run_cell(parsers: dict, name: str, entry: dict, lam: float, grid_dir: Path, validation: dict) -> Cell:
+def run_cell(params: dict, parser, name: str, entry: dict, lam: float, grid_dir: Path, validation: dict) -> Cell:
     """Train and evaluate one cell, or read it back when its readout names the weights on disk."""
     from mistill.io import file_sha256, read_json, write_json
 
@@ -97,15 +49,14 @@ def run_cell(parsers: dict, name: str, entry: dict, lam: float, grid_dir: Path, 
         done = read_json(readout, "selection cell")
         if done.get("weights_sha256") == file_sha256(weights):
             return Cell(lam, float(done["micro_f1"]), float(done["m1_p2c"]))
-    steps = [_cell_args(name, entry, lam, run),   # the arm's evaluation on the validation notes
-             ["evaluate", "arm", "--model", str(run / "model"), "--out-dir", str(cell_dir), "--notes", validation["notes"],
-              "--teacher-traces", validation["traces"], "--events-dir", validation["events_dir"],
-              "--m1-notes", str(validation["m1_notes"])]]
-    for step in steps:
-        step_args = parsers[step[0]].parse_args(step)
-        status = step_args.func(step_args)
-        if status:
-            raise UserError(f"selection cell λ={lam:g} of grid {name}: `mistill {' '.join(step)}` exited {status}")
+    train_run(params, cell_spec(params, entry, lam, run))
+    step = ["evaluate", "arm", "--model", str(run / "model"), "--out-dir", str(cell_dir), "--notes", validation["notes"],
+            "--teacher-traces", validation["traces"], "--events-dir", validation["events_dir"],
+            "--m1-notes", str(validation["m1_notes"])]   # the arm's evaluation on the validation notes
+    step_args = parser.parse_args(step)
+    status = step_args.func(step_args)
+    if status:
+        raise UserError(f"selection cell λ={lam:g} of grid {name}: `mistill {' '.join(step)}` exited {status}")
     cell = Cell(lam, float(read_json(cell_dir / "task.json", "task metrics")["metrics"]["micro_f1"]),
                 float(read_json(cell_dir / "m1.json", "M1")["m1"]["P2C"]["p_margin_positive"]))
     write_json(readout, {"lambda": lam, "micro_f1": cell.micro_f1, "m1_p2c": cell.m1_p2c,
@@ -126,18 +77,18 @@ def cmd_select(args) -> int:
     validation = {key: str(selection[key]) for key in ("notes", "traces", "events_dir")}
     # M1 reads the validation notes whose teacher trace has events; the task reads every validation note
     validation["m1_notes"] = grid_dir / "m1_notes.jsonl"
-    parsers = {group: build_parser(group) for group in ("distill", "evaluate")}   # each step through its command
-    notes_args = parsers["evaluate"].parse_args(["evaluate", "notes-with-events", "--notes", validation["notes"],
+    parser = build_parser("evaluate")   # the evaluation through its command
+    notes_args = parser.parse_args(["evaluate", "notes-with-events", "--notes", validation["notes"],
                                     "--events-dir", validation["events_dir"], "--out", str(validation["m1_notes"])])
     notes_args.func(notes_args)
 
     band = float(entry["band"])
-    cells = [run_cell(parsers, args.grid, entry, lam, grid_dir, validation) for lam in entry["lambdas"]]
+    cells = [run_cell(params, parser, args.grid, entry, lam, grid_dir, validation) for lam in entry["lambdas"]]
     chosen = pick(cells, band)
     step = outward_step(entry["lambdas"], chosen.lam) if entry["extend"] else None
     if step is not None:
         print(f"grid {args.grid}: the pick λ={chosen.lam:g} sits on the edge; one outward step to λ={step:g}")
-        cells.append(run_cell(parsers, args.grid, entry, step, grid_dir, validation))
+        cells.append(run_cell(params, parser, args.grid, entry, step, grid_dir, validation))
         chosen = pick(cells, band)
     ties = tied(cells, band)
     write_json(selection_file(selection, args.grid), {

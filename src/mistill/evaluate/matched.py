@@ -21,7 +21,7 @@ from pathlib import Path
 
 from mistill.distill.runs import variant
 from mistill.distill.selection import Cell
-from mistill.distill.selection_commands import grid_entry, read_selection, selection_cells, selection_file
+from mistill.distill.selection_grids import grid_entry, read_selection, selection_cells, selection_file
 from mistill.errors import UserError
 from mistill.evaluate.readout import ArmSeed
 from mistill.evaluate.variants import VariantReadout

@@ -59,14 +59,18 @@ def head_name(head: tuple[int, int]) -> str:
 
 @dataclass(frozen=True)
 class PlantedHeads:
-    """Each phase's designated heads and the routing term's weight."""
+    """Each phase's designated heads, the routing term's weight and the share of training steps whose
+    forward mean-ablates the held heads (1: every step; below 1 the model also trains as the instrument
+    reads it, untouched, so a held head's residue cannot come to matter at a decision)."""
 
     sets: Mapping[str, frozenset[tuple[int, int]]]
     weight: float
+    ablate_share: float = 1.0
 
     @classmethod
     def from_params(cls, cfg: Mapping[str, Any] | None, *, n_layers: int, n_heads: int) -> PlantedHeads | None:
-        """`{P1: [l2h1, ...], P2: [...], P2C: [...], weight: w}`, or None (no planted mechanism)."""
+        """`{P1: [l2h1, ...], P2: [...], P2C: [...], weight: w, ablate_share: s}`, or None (no planted
+        mechanism)."""
         if not cfg:
             return None
         missing = [p for p in PLANTED_PHASES if not cfg.get(p)]
@@ -84,7 +88,10 @@ class PlantedHeads:
         weight = float(cfg.get("weight", 1.0))
         if not weight > 0:
             raise UserError(f"params: planted heads' weight must be positive, got {weight}")
-        return cls(sets, weight)
+        share = float(cfg.get("ablate_share", 1.0))
+        if not 0 <= share <= 1:
+            raise UserError(f"params: planted heads' ablate_share must lie in [0, 1], got {share}")
+        return cls(sets, weight, share)
 
     def held_mask(self, phase: str, n_layers: int, n_heads: int) -> np.ndarray:
         """[L, H] booleans: the heads held to their mean at a `phase` decision (all but its set)."""
@@ -94,7 +101,8 @@ class PlantedHeads:
         return mask
 
     def as_dict(self) -> dict:
-        return {**{p: sorted(head_name(h) for h in self.sets[p]) for p in PLANTED_PHASES}, "weight": self.weight}
+        return {**{p: sorted(head_name(h) for h in self.sets[p]) for p in PLANTED_PHASES}, "weight": self.weight,
+                "ablate_share": self.ablate_share}
 
 
 def decision_rows(tokenizer: Any, text: str, completion_start: int, codes: Sequence[str]
@@ -135,11 +143,12 @@ class PlantedRouting:
         self._handles: list[Any] = []
 
     @contextlib.contextmanager
-    def applied(self, batch: Sequence[Any], shared: int) -> Iterator[PlantedRouting]:
-        """Hooks on for one forward of `batch` (prefix of `shared` tokens run once when > 0)."""
+    def applied(self, batch: Sequence[Any], shared: int, *, ablate: bool = True) -> Iterator[PlantedRouting]:
+        """Hooks on for one forward of `batch` (prefix of `shared` tokens run once when > 0); `ablate=False`
+        records R on the untouched forward."""
         import torch
 
-        self._batch, self._shared = batch, shared
+        self._batch, self._shared, self._ablate = batch, shared, ablate
         self._rows = [(b, q - shared, phase) for b, ex in enumerate(batch) for q, phase in ex.decisions]
         held = np.stack([self.planted.held_mask(p, len(self.layers), self.n_heads) for _, _, p in self._rows]) \
             if self._rows else np.zeros((0, len(self.layers), self.n_heads), dtype=bool)
@@ -168,7 +177,8 @@ class PlantedRouting:
         return hook
 
     def _hold(self, layer: int, z):
-        """Record this layer's R terms; return z with the held heads at their means at every decision."""
+        """Record this layer's R terms; return z with the held heads at their means at every decision (or
+        untouched when this forward does not ablate)."""
         import torch
 
         mus, scales = [], []
@@ -185,6 +195,8 @@ class PlantedRouting:
         at_q = z[rows_b, rows_j].float()                                   # [n_rows, H, D]
         mu, scale = torch.stack(mus)[rows_b], torch.stack(scales)[rows_b]
         self._terms[layer] = (at_q - mu).pow(2).sum(dim=-1) / (scale + EPS)   # [n_rows, H]
+        if not self._ablate:
+            return z
         held = self._held[:, layer].to(z.device).unsqueeze(-1)             # [n_rows, H, 1]
         replaced = torch.where(held, mu.detach().to(z.dtype), z[rows_b, rows_j])
         return z.index_put((rows_b, rows_j), replaced)

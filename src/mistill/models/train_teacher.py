@@ -208,6 +208,7 @@ def train(model: Any, examples: list[TeacherExample], config: dict[str, Any], *,
     # max_steps stops early (smoke runs, timing) without changing the schedule of the full run
     stop = min(total, int(config.get("max_steps") or total))
     routing_hooks = PlantedRouting(model, planted) if planted is not None else None
+    ablation_draws = random.Random(seed * 1_000_003 + 7)   # which steps ablate (planted.ablate_share < 1)
     model.train()
     log, step, start = [], 0, time.time()
     bar = tqdm(total=stop, desc=desc, unit="step", disable=not progress)
@@ -222,12 +223,13 @@ def train(model: Any, examples: list[TeacherExample], config: dict[str, Any], *,
             if planted is None:
                 loss, n_tokens = batch_loss(model, batch)
             else:
-                with routing_hooks.applied(batch, shared_prefix(batch)):
+                ablate = planted.ablate_share >= 1 or ablation_draws.random() < planted.ablate_share
+                with routing_hooks.applied(batch, shared_prefix(batch), ablate=ablate):
                     loss, n_tokens = batch_loss(model, batch)
                 routing, n_decisions = routing_hooks.penalty()
                 if routing is not None:
                     row = {"cross_entropy": float(loss.detach()), "routing": float(routing.detach()),
-                           "decisions": n_decisions}
+                           "decisions": n_decisions, "ablated": ablate}
                     loss = loss + planted.weight * routing
             optimizer.zero_grad(set_to_none=True)
             loss.backward()
