@@ -71,7 +71,7 @@ def project(tmp_path_factory, world, env):
     proj = tmp_path_factory.mktemp("publish") / "project"
     proj.mkdir()
     for rel in ("registry.yaml", "readers", "results/expected", "paper/templates", ".dvcignore",
-                "src/mistill/instrument/readout.py", "src/mistill/repro/numbers.py"):
+                "src/mistill/instrument/readout.py", "src/mistill/repro/numbers.py", "src/mistill/models/planted.py"):
         src, dst = ROOT / rel, proj / rel
         dst.parent.mkdir(parents=True, exist_ok=True)
         (shutil.copytree if src.is_dir() else shutil.copy)(src, dst)
