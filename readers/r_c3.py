@@ -41,26 +41,26 @@ def table1_sizes(params: dict) -> tuple[int, int]:
     return settings.necessity_k, settings.knockin_k
 
 
-def planted_teacher(params: dict, n_layers: int, n_heads: int) -> PlantedHeads | None:
-    """The teacher's planted sets, if its profile trains it with one."""
+def planted_section(params: dict) -> dict | None:
+    """params `models.teacher_training.planted.teacher`: the teacher's planted sets, if its profile trains it
+    with one."""
     training = (params.get("models") or {}).get("teacher_training") or {}
-    return PlantedHeads.from_params((training.get("planted") or {}).get("teacher"), n_layers=n_layers,
-                                    n_heads=n_heads)
+    return (training.get("planted") or {}).get("teacher") or None
 
 
 def planted_keys(params: dict) -> list[str]:
-    training = (params.get("models") or {}).get("teacher_training") or {}
-    if not (training.get("planted") or {}).get("teacher"):
+    if planted_section(params) is None:
         return []
     return [f"planted_{m}_{p.lower()}" for p in PLANTED_PHASES for m in ("recall", "ranks")]
 
 
 def planted_values(params: dict, sets_path) -> dict:
     """Recall at k = |planted| and the planted heads' ranks in each phase's global ranking."""
-    body = load_head_sets(sets_path)
-    planted = planted_teacher(params, body["n_layers"], body["n_heads"])
-    if planted is None:
+    section = planted_section(params)
+    if section is None:
         return {}
+    body = load_head_sets(sets_path)
+    planted = PlantedHeads.from_params(section, n_layers=body["n_layers"], n_heads=body["n_heads"])
     v = {}
     for phase in PLANTED_PHASES:
         ranked = [(row["layer"], row["head"]) for row in body["phases"][phase]]
