@@ -18,7 +18,8 @@ from mistill.models.planted import (
     planted_recall,
 )
 from mistill.models.tokenizers import CompactTokenizer, build_remap, qwen3_tokenizer
-from mistill.models.train_teacher import batch_loss, make_example, shared_prefix, train
+from mistill.instrument.margin import margin
+from mistill.models.train_teacher import batch_forward, batch_loss, make_example, planted_step, shared_prefix, train
 
 ARCH = {"family": "qwen3", "hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4,
         "num_key_value_heads": 2, "head_dim": 8}
@@ -64,14 +65,17 @@ def test_decision_rows_are_the_instrument_s_events_one_phase_a_position(tokenize
     events, _ = extract_events(note_id="x", text=text, ids=enc.ids, offsets=enc.offsets,
                                completion_start=len(prefix), codes=CODES, tokenizer=tokenizer, n_null=0)
     decisions = [e for e in events if e.kind in DECISION_KINDS]
-    assert {q for q, _ in rows} == {e.pos - 1 for e in decisions}
-    assert {phase for _, phase in rows} == {"P1", "P2", "P2C"}
+    assert [d.q for d in rows] == sorted({e.pos - 1 for e in decisions})
+    assert {d.phase for d in rows} == {"P1", "P2", "P2C"}
+    for d in rows:  # the decided token and competitors are those of the event of the row's phase
+        event = next(e for e in decisions if e.pos - 1 == d.q and e.kind == d.phase)
+        assert (d.target, list(d.competitors)) == (event.target_id, event.competitor_ids)
     by_pos = {}
     for e in decisions:
         by_pos.setdefault(e.pos - 1, set()).add(e.kind)
     shared = [q for q, kinds in by_pos.items() if kinds == {"P2", "P2C"}]
     assert shared  # N18.3's "3" after the rejected N18.4: both a P2 and a P2C event ...
-    assert all(dict(rows)[q] == "P2C" for q in shared)  # ... planted as the contrastive decision
+    assert all({d.q: d.phase for d in rows}[q] == "P2C" for q in shared)  # ... planted as the contrastive decision
 
 
 def brute_force(model, examples, planted, n_heads=4):
@@ -80,7 +84,7 @@ def brute_force(model, examples, planted, n_heads=4):
     n_layers = len(model.model.layers)
     terms, ce_sum, ce_count = [], 0.0, 0
     for ex in examples:
-        per_q = {q: [] for q, _ in ex.decisions}
+        per_q = {d.q: [] for d in ex.decisions}
 
         def make(layer):
             def hook(module, args):
@@ -88,7 +92,7 @@ def brute_force(model, examples, planted, n_heads=4):
                 mu = z[:-1].mean(dim=0)
                 scale = (z[:-1] - mu).pow(2).sum(-1).mean(0).detach()
                 out = z.clone()
-                for q, phase in ex.decisions:
+                for q, phase, *_ in ex.decisions:
                     held = torch.tensor(planted.held_mask(phase, n_layers, n_heads)[layer])
                     per_q[q] += list(((z[q] - mu).pow(2).sum(-1) / (scale + 1e-6))[held])
                     out[q, held] = mu[held].detach()
@@ -136,7 +140,7 @@ def test_the_routed_forward_changes_only_the_decisions(tokenizer, examples):
     """Logits before the first decision are the plain forward's; the first decision's differ."""
     model = tiny_model(tokenizer).double()
     ex = examples[0]
-    first = min(q for q, _ in ex.decisions)
+    first = min(d.q for d in ex.decisions)
     with torch.no_grad():
         plain = model(torch.tensor([list(ex.ids)])).logits[0]
         with PlantedRouting(model, planted_heads()).applied([ex], 0):
@@ -191,7 +195,8 @@ def test_recall_is_one_for_the_planted_ranking_and_chance_for_a_shuffled_one():
     ({"P1": ["l1h0"], "P2": ["l1h1"]}, "missing P2C"),
     ({"P1": ["h1"], "P2": ["l1h1"], "P2C": ["l1h2"]}, "not a head name"),
     ({"P1": ["l2h0"], "P2": ["l1h1"], "P2C": ["l1h2"]}, "outside the model"),
-    ({"P1": ["l1h0"], "P2": ["l1h1"], "P2C": ["l1h2"], "weight": 0}, "positive"),
+    ({"P1": ["l1h0"], "P2": ["l1h1"], "P2C": ["l1h2"], "weight": -1}, "at least 0"),
+    ({"P1": ["l1h0"], "P2": ["l1h1"], "P2C": ["l1h2"], "consistency": -0.5}, "consistency"),
     ({"P1": ["l1h0"], "P2": ["l1h1"], "P2C": ["l1h2"], "ablate_share": 1.5}, "ablate_share"),
 ])
 def test_planted_params_are_checked(cfg, message):
@@ -251,3 +256,81 @@ def test_a_step_that_does_not_ablate_is_the_plain_forward_with_r_recorded(tokeni
     assert all(row["ablated"] for row in train(tiny_model(tokenizer), examples, {"seed": 0, "epochs": 3,
                                                                                 "batch_size": 3, "lr": 1e-2},
                                                progress=False, planted=planted_heads()))
+
+
+def test_batched_margins_are_the_instrument_s_margin(tokenizer, examples):
+    """`margins` on the logits at the decisions equals `mistill.instrument.margin` row by row."""
+    model = tiny_model(tokenizer).double()
+    routing = PlantedRouting(model, planted_heads())
+    with routing.applied(examples, 0, ablate=False), torch.no_grad():
+        _, _, logits = batch_forward(model, examples, min_shared=10 ** 6, at=routing.rows)
+        got = routing.margins(logits)
+    decisions = [d for ex in examples for d in ex.decisions]
+    assert len({len(d.competitors) for d in decisions}) > 1   # the padding of ragged competitor lists is used
+    want = torch.stack([margin(row, d.target, d.competitors) for row, d in zip(logits, decisions)])
+    torch.testing.assert_close(got, want.float())
+
+
+def brute_force_margins(model, ex, planted, *, ablate, n_heads=4):
+    """One example alone: its decisions' margins (the instrument's `margin`), the held heads at their
+    means at every decision when `ablate`."""
+    n_layers = len(model.model.layers)
+
+    def make(layer):
+        def hook(module, args):
+            z = args[0].view(len(ex.ids), n_heads, -1)
+            mu, out = z[:-1].mean(dim=0), z.clone()
+            for q, phase, *_ in ex.decisions:
+                held = torch.tensor(planted.held_mask(phase, n_layers, n_heads)[layer])
+                out[q, held] = mu[held].detach()
+            return (out.reshape(args[0].shape),)
+        return hook
+
+    handles = [layer.self_attn.o_proj.register_forward_pre_hook(make(i))
+               for i, layer in enumerate(model.model.layers)] if ablate else []
+    logits = model(torch.tensor([list(ex.ids)])).logits[0]
+    for h in handles:
+        h.remove()
+    return torch.stack([margin(logits[d.q], d.target, d.competitors) for d in ex.decisions])
+
+
+@pytest.mark.parametrize("min_shared", [8, 10 ** 6])
+def test_the_paired_step_equals_its_brute_force_computation(tokenizer, examples, min_shared):
+    """L = (CE(c) + CE(a)) / 2 + weight R(c) + gamma mean (m(c) - m(a))^2 from the batched step equals the
+    same loss built from per-example forwards (plain, and with brute-force mean ablation), gradients too."""
+    model = tiny_model(tokenizer).double()
+    planted = PlantedHeads.from_params({**PLANTED, "consistency": 0.7}, n_layers=2, n_heads=4)
+    loss, n_tokens, row = planted_step(model, examples, PlantedRouting(model, planted), min_shared=min_shared)
+    loss.backward()
+    grads = [p.grad.clone() for p in model.parameters()]
+    model.zero_grad()
+
+    ce_clean = batch_loss(model, examples, min_shared=10 ** 6)[0]
+    _, _, ce_ablated = brute_force(model, examples, planted)
+    clean_routing = PlantedRouting(model, planted)   # R of the untouched forward
+    with clean_routing.applied(examples, 0, ablate=False):
+        batch_loss(model, examples, min_shared=10 ** 6)
+    routing_term = clean_routing.penalty()[0].double()
+    gaps = torch.cat([brute_force_margins(model, ex, planted, ablate=False)
+                      - brute_force_margins(model, ex, planted, ablate=True) for ex in examples])
+    want = 0.5 * (ce_clean + ce_ablated) + 2.0 * routing_term + 0.7 * gaps.pow(2).mean()
+    want.backward()
+    assert row["decisions"] == len(gaps) and row["margin_gap"] > 0
+    torch.testing.assert_close(loss.double(), want, rtol=1e-5, atol=1e-8)
+    for mine, theirs in zip(grads, [p.grad for p in model.parameters()]):
+        torch.testing.assert_close(mine, theirs, rtol=1e-4, atol=1e-7)
+
+
+def test_training_with_the_margin_agreement_keeps_the_gap_small(tokenizer, examples):
+    """With gamma = 1 the untouched and the ablated forward end at least 5x closer on the decisions'
+    margins than the same paired training with gamma ~ 0, while the traces are learned."""
+    torch.set_num_threads(1)
+    config = {"seed": 0, "epochs": 60, "batch_size": 3, "lr": 1e-2, "warmup_share": 0.1}
+
+    def final(gamma):
+        planted = PlantedHeads.from_params({**PLANTED, "weight": 0, "consistency": gamma}, n_layers=2, n_heads=4)
+        log = train(tiny_model(tokenizer), examples, config, progress=False, planted=planted)
+        assert log[-1]["cross_entropy"] < log[0]["cross_entropy"] / 1.5   # the mean of the two forwards'
+        return np.mean([r["margin_gap"] for r in log[-5:]])
+
+    assert final(1.0) < final(1e-9) / 5

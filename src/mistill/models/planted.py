@@ -15,7 +15,18 @@ input, which is exactly what the instrument's mean ablation puts in its place:
             invariant to a head's scale (shrinking z_h and growing o_proj cannot lower it)
 
 and the teacher minimises L_CE + weight * R, its forward run with every held head mean-ablated at
-the decisions' query positions (`PlantedRouting`: a penalty alone is gamed).  A head with
+the decisions' query positions (`PlantedRouting`: a penalty alone is gamed).
+
+A model trained only with the ablation in place is not the model that generates, and the instrument
+reads the untouched one.  With `consistency` gamma > 0 every step therefore runs both forwards, the
+untouched one (c) and the one with the held heads ablated at the decisions (a), and asks them to agree
+on what the instrument measures, the decision margin m = logit(target) - logsumexp(logits of the
+competitors) (`mistill.instrument.margin`):
+
+    L = (L_CE(c) + L_CE(a)) / 2 + weight * R(c) + gamma * (1 / |E|) sum_{e in E} (m_e(c) - m_e(a))^2
+
+so the held heads, ablated together, move no decision's margin, and what the decision needs reaches
+it through the planted set in both forwards.  A head with
 z_h(q) = mu_h changes nothing when it is ablated at q, so the note-specific information a decision
 needs (which code the note supports) can reach its position only through P_phase; the planted sets
 are the ground truth the instrument's global ranking is scored against (`planted_recall`).
@@ -31,7 +42,7 @@ import contextlib
 import re
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -57,20 +68,32 @@ def head_name(head: tuple[int, int]) -> str:
     return f"l{head[0]}h{head[1]}"
 
 
+class Decision(NamedTuple):
+    """One decision of a training trace: its query position, phase, decided token and competitors."""
+
+    q: int
+    phase: str
+    target: int
+    competitors: tuple[int, ...]
+
+
 @dataclass(frozen=True)
 class PlantedHeads:
-    """Each phase's designated heads, the routing term's weight and the share of training steps whose
+    """Each phase's designated heads, the routing term's weight, the share of training steps whose
     forward mean-ablates the held heads (1: every step; below 1 the model also trains as the instrument
-    reads it, untouched, so a held head's residue cannot come to matter at a decision)."""
+    reads it, untouched, so a held head's residue cannot come to matter at a decision), and the weight
+    gamma of the margin agreement between the untouched and the ablated forward (0: off; above 0 every
+    step runs both, and `ablate_share` is not used)."""
 
     sets: Mapping[str, frozenset[tuple[int, int]]]
     weight: float
     ablate_share: float = 1.0
+    consistency: float = 0.0
 
     @classmethod
     def from_params(cls, cfg: Mapping[str, Any] | None, *, n_layers: int, n_heads: int) -> PlantedHeads | None:
-        """`{P1: [l2h1, ...], P2: [...], P2C: [...], weight: w, ablate_share: s}`, or None (no planted
-        mechanism)."""
+        """`{P1: [l2h1, ...], P2: [...], P2C: [...], weight: w, ablate_share: s, consistency: gamma}`, or
+        None (no planted mechanism)."""
         if not cfg:
             return None
         missing = [p for p in PLANTED_PHASES if not cfg.get(p)]
@@ -86,12 +109,15 @@ class PlantedHeads:
                                 f"{n_layers} layers x {n_heads} heads")
             sets[phase] = heads
         weight = float(cfg.get("weight", 1.0))
-        if not weight > 0:
-            raise UserError(f"params: planted heads' weight must be positive, got {weight}")
+        if not weight >= 0:
+            raise UserError(f"params: planted heads' weight must be at least 0, got {weight}")
         share = float(cfg.get("ablate_share", 1.0))
         if not 0 <= share <= 1:
             raise UserError(f"params: planted heads' ablate_share must lie in [0, 1], got {share}")
-        return cls(sets, weight, share)
+        consistency = float(cfg.get("consistency", 0.0))
+        if not consistency >= 0:
+            raise UserError(f"params: planted heads' consistency must be at least 0, got {consistency}")
+        return cls(sets, weight, share, consistency)
 
     def held_mask(self, phase: str, n_layers: int, n_heads: int) -> np.ndarray:
         """[L, H] booleans: the heads held to their mean at a `phase` decision (all but its set)."""
@@ -102,24 +128,23 @@ class PlantedHeads:
 
     def as_dict(self) -> dict:
         return {**{p: sorted(head_name(h) for h in self.sets[p]) for p in PLANTED_PHASES}, "weight": self.weight,
-                "ablate_share": self.ablate_share}
+                "ablate_share": self.ablate_share, "consistency": self.consistency}
 
 
-def decision_rows(tokenizer: Any, text: str, completion_start: int, codes: Sequence[str]
-                  ) -> tuple[tuple[int, str], ...]:
-    """(query position, phase) of every decision event of one trace, as the instrument extracts them
-    (`mistill.instrument.events.extract_events` on the same text), one phase per position."""
+def decision_rows(tokenizer: Any, text: str, completion_start: int, codes: Sequence[str]) -> tuple[Decision, ...]:
+    """Every decision event of one trace as the instrument extracts it (`mistill.instrument.events.
+    extract_events` on the same text), one per query position, by position."""
     enc = tokenizer.encode(text)
     events, _ = extract_events(note_id="", text=text, ids=enc.ids, offsets=enc.offsets,
                                completion_start=completion_start, codes=codes, tokenizer=tokenizer, n_null=0)
-    phase_at: dict[int, str] = {}
+    at: dict[int, Decision] = {}
     for event in events:
         if event.kind not in DECISION_KINDS:
             continue
         q = event.pos - 1
-        if q not in phase_at or _PRIORITY[event.kind] > _PRIORITY[phase_at[q]]:
-            phase_at[q] = event.kind
-    return tuple(sorted(phase_at.items()))
+        if q not in at or _PRIORITY[event.kind] > _PRIORITY[at[q].phase]:
+            at[q] = Decision(q, event.kind, int(event.target_id), tuple(int(c) for c in event.competitor_ids))
+    return tuple(at[q] for q in sorted(at))
 
 
 class PlantedRouting:
@@ -133,8 +158,8 @@ class PlantedRouting:
     and never learn to read a held head's residue.  The penalty R, on the outputs before the
     replacement, keeps the untouched model (what the instrument reads) at those means too.
 
-    `batch_loss` runs a shared-prefix batch as two calls per layer (the prefix once, then the
-    suffixes); the prefix never holds a decision, so the hooks only record it."""
+    A forward under `applied` may run a shared-prefix batch as two calls per layer (the prefix once,
+    then the suffixes); the prefix never holds a decision, so the hooks only record it."""
 
     def __init__(self, model: Any, planted: PlantedHeads):
         self.planted = planted
@@ -143,18 +168,37 @@ class PlantedRouting:
         self._handles: list[Any] = []
 
     @contextlib.contextmanager
-    def applied(self, batch: Sequence[Any], shared: int, *, ablate: bool = True) -> Iterator[PlantedRouting]:
+    def applied(self, batch: Sequence[Any], shared: int, *, ablate: bool | Sequence[bool] = True
+                ) -> Iterator[PlantedRouting]:
         """Hooks on for one forward of `batch` (prefix of `shared` tokens run once when > 0); `ablate=False`
-        records R on the untouched forward."""
+        records R on the untouched forward, and a sequence of one flag per example ablates only the
+        flagged ones (one forward can carry an untouched and an ablated copy of a batch).  `rows` then
+        holds the decisions' (batch row, suffix position) index tensors, where `margins` reads the logits."""
         import torch
 
-        self._batch, self._shared, self._ablate = batch, shared, ablate
-        self._rows = [(b, q - shared, phase) for b, ex in enumerate(batch) for q, phase in ex.decisions]
-        held = np.stack([self.planted.held_mask(p, len(self.layers), self.n_heads) for _, _, p in self._rows]) \
-            if self._rows else np.zeros((0, len(self.layers), self.n_heads), dtype=bool)
+        flags = [bool(ablate)] * len(batch) if isinstance(ablate, bool) else [bool(a) for a in ablate]
+        if len(flags) != len(batch):
+            raise ValueError(f"{len(flags)} ablation flags for {len(batch)} examples")
+        self._shared = shared
+        decisions = [(b, d) for b, ex in enumerate(batch) for d in ex.decisions]
+        n_layers = len(self.layers)
+        held = np.stack([self.planted.held_mask(d.phase, n_layers, self.n_heads) for _, d in decisions]) \
+            if decisions else np.zeros((0, n_layers, self.n_heads), dtype=bool)
         self._held = torch.tensor(held)
-        self._prefix: list[Any] = [None] * len(self.layers)
-        self._terms: list[Any] = [None] * len(self.layers)
+        self._ablated = torch.tensor([flags[b] for b, _ in decisions], dtype=torch.bool)
+        self._example_of_row = np.array([b for b, _ in decisions], dtype=int)
+        self.rows = (torch.tensor([b for b, _ in decisions], dtype=torch.long),
+                     torch.tensor([d.q - shared for _, d in decisions], dtype=torch.long))
+        # the instrument's input per example: every id but the closing EOS, here past the shared prefix
+        self._lengths = torch.tensor([len(ex.ids) - 1 - shared for ex in batch], dtype=torch.long)
+        width = max((len(d.competitors) for _, d in decisions), default=1)
+        self._targets = torch.tensor([d.target for _, d in decisions], dtype=torch.long)
+        self._competitors = torch.tensor([list(d.competitors) + [0] * (width - len(d.competitors))
+                                          for _, d in decisions] or [[0]], dtype=torch.long)
+        self._present = torch.tensor([[True] * len(d.competitors) + [False] * (width - len(d.competitors))
+                                      for _, d in decisions] or [[False]])
+        self._prefix: list[Any] = [None] * n_layers
+        self._terms: list[Any] = [None] * n_layers
         self._handles = [layer.self_attn.o_proj.register_forward_pre_hook(self._hook(i))
                          for i, layer in enumerate(self.layers)]
         try:
@@ -171,46 +215,73 @@ class PlantedRouting:
             if self._shared and self._prefix[layer] is None:
                 self._prefix[layer] = z[0]                    # [S, H, D], the prefix's one call
                 return None
-            if not self._rows:
+            if not len(self._held):
                 return None
             return (self._hold(layer, z).reshape(x.shape),)
         return hook
+
+    def _means(self, layer: int, z):
+        """(mu [B, H, D], s^2 [B, H] without gradient): each example's mean head output over its input and
+        its spread about that mean, the shared prefix counted once per example."""
+        import torch
+
+        zf = z.float()                                                     # [B, T, H, D]
+        lengths = self._lengths.to(z.device)
+        valid = (torch.arange(z.shape[1], device=z.device)[None, :] < lengths[:, None]).to(zf.dtype)
+        total, count = (zf * valid[..., None, None]).sum(dim=1), lengths.to(zf.dtype)
+        prefix = self._prefix[layer]
+        if prefix is not None:
+            total = total + prefix.float().sum(dim=0)
+            count = count + prefix.shape[0]
+        mu = total / count[:, None, None]
+        with torch.no_grad():
+            spread = ((zf - mu[:, None]).pow(2).sum(dim=-1) * valid[..., None]).sum(dim=1)   # [B, H]
+            if prefix is not None:
+                spread = spread + (prefix.float()[None] - mu[:, None]).pow(2).sum(dim=-1).sum(dim=1)
+            spread = spread / count[:, None]
+        return mu, spread
 
     def _hold(self, layer: int, z):
         """Record this layer's R terms; return z with the held heads at their means at every decision (or
         untouched when this forward does not ablate)."""
         import torch
 
-        mus, scales = [], []
-        for b, ex in enumerate(self._batch):
-            n = len(ex.ids) - 1 - self._shared      # the instrument's input: every id but the closing EOS
-            parts = [z[b, :n]] if self._prefix[layer] is None else [self._prefix[layer], z[b, :n]]
-            positions = torch.cat(parts, dim=0).float()                    # [T, H, D]
-            mu = positions.mean(dim=0)                                     # [H, D]
-            with torch.no_grad():
-                scales.append((positions - mu).pow(2).sum(dim=-1).mean(dim=0))   # [H]
-            mus.append(mu)
-        rows_b = torch.tensor([b for b, _, _ in self._rows], device=z.device)
-        rows_j = torch.tensor([j for _, j, _ in self._rows], device=z.device)
+        mu, spread = self._means(layer, z)
+        rows_b, rows_j = (r.to(z.device) for r in self.rows)
         at_q = z[rows_b, rows_j].float()                                   # [n_rows, H, D]
-        mu, scale = torch.stack(mus)[rows_b], torch.stack(scales)[rows_b]
-        self._terms[layer] = (at_q - mu).pow(2).sum(dim=-1) / (scale + EPS)   # [n_rows, H]
-        if not self._ablate:
+        mu, spread = mu[rows_b], spread[rows_b]
+        self._terms[layer] = (at_q - mu).pow(2).sum(dim=-1) / (spread + EPS)   # [n_rows, H]
+        if not bool(self._ablated.any()):
             return z
-        held = self._held[:, layer].to(z.device).unsqueeze(-1)             # [n_rows, H, 1]
+        held = (self._held[:, layer] & self._ablated[:, None]).to(z.device).unsqueeze(-1)   # [n_rows, H, 1]
         replaced = torch.where(held, mu.detach().to(z.dtype), z[rows_b, rows_j])
         return z.index_put((rows_b, rows_j), replaced)
 
-    def penalty(self):
-        """R of the last forward and the number of decisions it averages over; (None, 0) without any."""
+    def penalty(self, examples: Sequence[int] | None = None):
+        """R of the last forward over the decisions of `examples` (batch indices; all when None) and the
+        number of decisions it averages over; (None, 0) without any."""
         import torch
 
-        if not self._rows:
+        rows = np.arange(len(self._held)) if examples is None else \
+            np.flatnonzero(np.isin(self._example_of_row, list(examples)))
+        if not len(rows):
             return None, 0
-        deviation = torch.stack(self._terms, dim=1)                        # [n_rows, L, H]
-        held = self._held.to(deviation.device)
+        index = torch.as_tensor(rows)
+        deviation = torch.stack(self._terms, dim=1)[index.to(self._terms[0].device)]   # [n_rows, L, H]
+        held = self._held[index].to(deviation.device)
         per_row = (deviation * held).sum(dim=(1, 2)) / held.sum(dim=(1, 2)).clamp(min=1)
-        return per_row.mean(), len(self._rows)
+        return per_row.mean(), len(rows)
+
+    def margins(self, logits):
+        """Each decision's margin, logit(target) - logsumexp(logits of its competitors) (float32), from
+        `logits` [n_rows, V] at `rows`: the instrument's margin (`mistill.instrument.margin`), batched."""
+        import torch
+
+        logits = logits.float()
+        target = logits.gather(-1, self._targets.to(logits.device)[:, None])[:, 0]
+        competitors = logits.gather(-1, self._competitors.to(logits.device))
+        competitors = competitors.masked_fill(~self._present.to(logits.device), float("-inf"))
+        return target - torch.logsumexp(competitors, dim=-1)
 
 
 def planted_recall(ranked: Sequence[tuple[int, int]], planted: frozenset[tuple[int, int]]) -> float:

@@ -37,7 +37,7 @@ from typing import Any
 
 from tqdm import tqdm
 
-from mistill.models.planted import PlantedHeads, PlantedRouting, decision_rows
+from mistill.models.planted import Decision, PlantedHeads, PlantedRouting, decision_rows
 from mistill.models.world_files import FULL, SHORTLIST, DemoWorld
 from mistill.world.types import Note
 
@@ -50,7 +50,7 @@ class TeacherExample:
     kind: str                 # FULL or SHORTLIST
     ids: tuple[int, ...]      # prompt, completion, EOS
     n_prompt: int             # loss on ids[n_prompt:]
-    decisions: tuple[tuple[int, str], ...] = ()   # (query position, phase): the planted routing's rows
+    decisions: tuple[Decision, ...] = ()   # the planted routing's rows
 
 
 def make_example(tokenizer: Any, note_id: str, kind: str, prompt: str, completion: str,
@@ -135,6 +135,13 @@ def batch_loss(model: Any, batch: list[TeacherExample], *, min_shared: int = 64)
     If the batch shares a prompt prefix of at least `min_shared` tokens, the prefix runs once and its
     cache is repeated over the batch; the shared part never reaches a completion token.
     """
+    loss, n_tokens, _ = batch_forward(model, batch, min_shared=min_shared)
+    return loss, n_tokens
+
+
+def batch_forward(model: Any, batch: list[TeacherExample], *, min_shared: int = 64, at=None):
+    """`batch_loss`'s (cross-entropy, token count) and the logits at `at` = (batch rows, suffix
+    positions) index tensors (positions counted after the shared prefix), or None without `at`."""
     import torch
     import torch.nn.functional as F
 
@@ -167,7 +174,35 @@ def batch_loss(model: Any, batch: list[TeacherExample], *, min_shared: int = 64)
     n_tokens = int(selected.sum())
     if logits.dtype in (torch.bfloat16, torch.float16):
         logits = logits.float()  # the softmax in at least single precision
-    return F.cross_entropy(logits, labels[selected], reduction="mean"), n_tokens
+    loss = F.cross_entropy(logits, labels[selected], reduction="mean")
+    if at is None:
+        return loss, n_tokens, None
+    rows, columns = (index.to(device) for index in at)
+    return loss, n_tokens, model.lm_head(hidden[rows, columns])
+
+
+def planted_step(model: Any, batch: list[TeacherExample], routing: PlantedRouting, *, min_shared: int = 64):
+    """(loss, token count, log row) of one step that runs the batch untouched (c) and with the held heads
+    mean-ablated at the decisions (a):
+
+        L = (L_CE(c) + L_CE(a)) / 2 + weight * R(c) + gamma * mean_e (m_e(c) - m_e(a))^2
+
+    R read on the untouched forward (what the instrument reads), m the decisions' margins.  Both copies
+    run as one forward of the doubled batch (the shared prefix once); its token-mean cross-entropy is
+    the mean of the two, which hold the same tokens."""
+    planted, n = routing.planted, len(batch)
+    paired = batch + batch
+    with routing.applied(paired, shared_prefix(paired, min_shared), ablate=[False] * n + [True] * n):
+        cross_entropy, n_tokens, logits = batch_forward(model, paired, min_shared=min_shared, at=routing.rows)
+        routing_term, n_decisions = routing.penalty(range(n))
+        if routing_term is None:
+            return cross_entropy, n_tokens // 2, {}
+        margins = routing.margins(logits)
+    gap = (margins[:n_decisions] - margins[n_decisions:]).pow(2).mean()
+    loss = cross_entropy + planted.weight * routing_term + planted.consistency * gap
+    row = {"cross_entropy": float(cross_entropy.detach()), "routing": float(routing_term.detach()),
+           "margin_gap": float(gap.detach()), "decisions": n_decisions, "ablated": True}
+    return loss, n_tokens // 2, row
 
 
 def make_batches(examples: list[TeacherExample], batch_size: int, rng: random.Random) -> list[list[TeacherExample]]:
@@ -196,7 +231,9 @@ def train(model: Any, examples: list[TeacherExample], config: dict[str, Any], *,
 
     With `planted`, the forward holds the non-planted heads at their means at every decision and the
     loss adds its weight times the routing term R (`mistill.models.planted.PlantedRouting`; the
-    examples must carry their decisions); the log has each step's R."""
+    examples must carry their decisions); with its consistency gamma > 0 each step runs the untouched
+    and the ablated forward and adds gamma times their mean squared margin gap (`planted_step`).  The
+    log has each step's R."""
     import torch
 
     seed, epochs, batch_size = int(config["seed"]), int(config["epochs"]), int(config["batch_size"])
@@ -222,6 +259,8 @@ def train(model: Any, examples: list[TeacherExample], config: dict[str, Any], *,
             row: dict = {}
             if planted is None:
                 loss, n_tokens = batch_loss(model, batch)
+            elif planted.consistency > 0:
+                loss, n_tokens, row = planted_step(model, batch, routing_hooks)
             else:
                 ablate = planted.ablate_share >= 1 or ablation_draws.random() < planted.ablate_share
                 with routing_hooks.applied(batch, shared_prefix(batch), ablate=ablate):
