@@ -9,6 +9,7 @@ import torch
 
 from mistill.errors import UserError
 from mistill.instrument.events import DECISION_KINDS, extract_events
+from mistill.instrument.margin import margin
 from mistill.models.architectures import TinyArchitecture, build_model
 from mistill.models.planted import (
     PlantedHeads,
@@ -18,8 +19,14 @@ from mistill.models.planted import (
     planted_recall,
 )
 from mistill.models.tokenizers import CompactTokenizer, build_remap, qwen3_tokenizer
-from mistill.instrument.margin import margin
-from mistill.models.train_teacher import batch_forward, batch_loss, make_example, planted_step, shared_prefix, train
+from mistill.models.train_teacher import (
+    batch_forward,
+    batch_loss,
+    make_example,
+    planted_step,
+    shared_prefix,
+    train,
+)
 
 ARCH = {"family": "qwen3", "hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4,
         "num_key_value_heads": 2, "head_dim": 8}

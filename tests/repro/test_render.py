@@ -27,7 +27,8 @@ TABLE_IDS = {"table1": ["R-C3"],
              "table33": ["R-C6"], "table31": ["R-C12"], "table4": ["R-C14"], "table51": ["R-D7", "R-D13", "R-D14", "R-D23", "R-D24", "R-D25", "R-D26", "R-D5"],
              "table45": ["R-D1", "R-D2", "R-D5", "R-D6", "R-D12", "R-D15", "R-D17", "R-D18", "R-D30"],
              "table46": ["R-D1", "R-D2", "R-D3", "R-D4", "R-D5", "R-D17"], "table52": ["R-D31", "R-D32"],
-             "table53": ["R-D8"], "table49": ["R-D29", "R-D30", "R-D36"]}
+             "table53": ["R-D8"], "table49": ["R-D29", "R-D30", "R-D36"],
+             "directions": ["R-D5", "R-D6", "R-D18", "R-D19"]}
 # Tables whose every cell this file's fixture fills (the others have their own tests: tests/repro/test_tables_*.py)
 FILLED = ["table1", "table2", "table3", "table43", "table44", "tableA_ksweep", "table9", "table15", "table35",
           "table38", "table16", "table17", "table18", "table19", "table20", "table21", "table22", "table23",

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from mistill.distill.pools import HEAD_MODES
+from mistill.distill.run_spec import TARGET_SOURCES
 from mistill.distill.runs import POSITION_RULES
 from mistill.errors import UserError
 
@@ -105,12 +107,15 @@ def register(subparsers) -> None:
     p.add_argument("--window", type=int, help="W rows before each P1 event; 0 = the no-window arm")
     p.add_argument("--dose", choices=("match",), help="match: lambda_p1 = lambda_p2 chosen so that the first step's "
                                                       "extra loss equals Mistill's (mistill.distill.dose)")
-    p.add_argument("--heads", choices=("top", "bottom", "random", "uniform"))
+    p.add_argument("--heads", choices=HEAD_MODES)
     p.add_argument("--pool-seed", type=int)
     p.add_argument("--event-weight", type=float,
                    help="CE and KL times this at the teacher's event and window rows (the evw4 control, App. M.1)")
     p.add_argument("--positions", choices=POSITION_RULES,
                    help="random: the run's own targets, its events moved with its seed (RandPos, App. M.1)")
+    p.add_argument("--targets-from", choices=TARGET_SOURCES,
+                   help="other_notes: each note trained towards another note's teacher targets (a mutant; "
+                        "default: params distill.targets_from, else own)")
     p.add_argument("--k", type=int, help="pool size (default: params distill.pool_k.student)")
     p.add_argument("--n-train", type=int, help="train on this many of the targets' notes, a subset nested in every "
                                                "larger one (the learning curve, App. M.5; default: all)")

@@ -9,7 +9,10 @@ A pool is the causally ranked top-k of one phase's calibrated ranking (the instr
 k100 get their own tau.  Controls (App. M): `bottom` takes the k most negatively ranked heads and
 gives them the top-k weight profile in rank order (the most negative head gets the leader's
 weight); `random` draws k heads from the layers of the top-k pool with a pool seed, keeping the
-top-k weight profile; `uniform` puts equal weight on every head of the pool's layers.
+top-k weight profile; `uniform` puts equal weight on every head of the pool's layers.  `shifted`,
+a mutant of the recipe rather than one of the paper's controls (`mistill.repro.mutants`), keeps the
+top-k heads and weights and moves each head one layer up (the last layer wraps to the first): the
+student's layer map off by one.
 """
 
 from __future__ import annotations
@@ -23,7 +26,7 @@ from mistill.errors import UserError
 from mistill.io import read_json
 
 POOL_PHASES = ("P1", "P2", "P2C", "prose")
-HEAD_MODES = ("top", "bottom", "random", "uniform")
+HEAD_MODES = ("top", "bottom", "random", "uniform", "shifted")
 
 
 @dataclass(frozen=True)
@@ -85,6 +88,10 @@ def build_pool(head_sets: dict, phase: str, k: int, *, mode: str = "top", pool_s
     top_weights = softmax_weights(ic[:k])
     if mode == "top":
         return Pool(phase, tuple(ranked[:k]), tuple(top_weights.tolist()))
+    if mode == "shifted":
+        n_layers = int(head_sets["n_layers"])
+        return Pool(phase, tuple(((layer + 1) % n_layers, head) for layer, head in ranked[:k]),
+                    tuple(top_weights.tolist()))
     if mode == "bottom":
         order = np.argsort(ic, kind="stable")[:k]  # most negative first
         return Pool(phase, tuple(ranked[i] for i in order), tuple(top_weights.tolist()))

@@ -25,7 +25,8 @@ from mistill.errors import UserError
 
 OPTIONS = ("arm", "student", "teacher", "targets", "head_sets", "precision", "seed", "lambda_p1", "lambda_p2",
            "lambda_from", "terms", "write_norm", "window", "dose", "heads", "pool_seed", "event_weight", "positions",
-           "k", "n_train", "lr", "max_steps", "retrain", "variant", "out")
+           "k", "n_train", "lr", "max_steps", "retrain", "variant", "out", "targets_from")
+TARGET_SOURCES = ("own", "other_notes")   # whose teacher targets a note is trained towards (other_notes: a mutant)
 
 
 @dataclass(frozen=True)
@@ -44,6 +45,7 @@ class RunSpec:
     k: int                                    # the student's pool size
     pool_seed: int
     positions: str                            # events | random (RandPos)
+    targets_from: str                         # own | other_notes (mistill.distill.other_notes, a mutant)
     head_sets: str | None                     # the student's head sets (a Mistill run)
     targets: Path
     teacher: str
@@ -95,6 +97,7 @@ class RunSpec:
             k=int(given["k"] or cfg["pool_k"]["student"]),
             pool_seed=int(cfg["pool_seed"] if given["pool_seed"] is None else given["pool_seed"]),
             positions=given["positions"] or "events",
+            targets_from=target_source(given["targets_from"] or cfg.get("targets_from") or "own"),
             head_sets=given["head_sets"] or (cfg["student_head_sets"].get(student) if arm == "mistill" else None),
             targets=Path(given["targets"] or cfg["targets_dir"]),
             teacher=given["teacher"] or params["models"]["teacher"],
@@ -102,6 +105,12 @@ class RunSpec:
             lr=None if given["lr"] is None else float(given["lr"]),
             dose=given["dose"], retrain=bool(given["retrain"]),
             max_steps=None if given["max_steps"] is None else int(given["max_steps"]))
+
+
+def target_source(name: str) -> str:
+    if name not in TARGET_SOURCES:
+        raise UserError(f"distill run: targets_from {name!r} is not one of {', '.join(TARGET_SOURCES)}")
+    return name
 
 
 def mistill_lambdas(params: Mapping[str, Any], given: Mapping[str, Any]) -> tuple[float, float]:

@@ -90,8 +90,13 @@ def train_run(params: Mapping[str, Any], spec: RunSpec) -> int:
     for note_id in training_subset(manifest["notes"], spec.n_train):
         meta, arrays = read_note_targets(targets_dir / f"{note_id}.npz")
         notes.append(arms.prepare_note(meta, arrays, student_tok, teacher_tok, arm))
+    mutated = {}
+    if spec.arm == "mistill" and spec.targets_from == "other_notes":
+        from mistill.distill.other_notes import targets_of_other_notes
+
+        mutated = {"targets_from": "other_notes", "donors": targets_of_other_notes(notes, seed=spec.seed)}
     run_config = {**run_identity(student_spec, spec.teacher, targets_dir, manifest),
-                  "pools": {p: v.as_dict() for p, v in (pools or {}).items()},
+                  "pools": {p: v.as_dict() for p, v in (pools or {}).items()}, **mutated,
                   "provenance": provenance({"distill": cfg}, seed=spec.seed)}
     trainer = Trainer(student, notes, arm, train_config(cfg["train"], spec.precision, spec.seed, lr=spec.lr), spec.out,
                       pools=pools, run_config=run_config, restart_if_different=True)

@@ -8,6 +8,7 @@
     mistill repro publish [TARGETS...] [--dry-run]
     mistill repro plot-data --runs DIR... --out DIR
     mistill repro family FILE NAME [--item NAME ...] [--dry]
+    mistill repro directions [--markdown | --readme [PATH]] [--profile P] [--results DIR]
 
 `render` also draws the figures of paper/templates/figures/ (PDF and PNG, mistill.repro.figures).
 """
@@ -34,6 +35,17 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     render.add_argument("--templates", type=Path, default=Path("paper/templates"), help="template directory")
     _common(render)
     render.set_defaults(func=cmd_render)
+
+    directions = subparsers.add_parser(
+        "directions", help="Mistill minus Vanilla CoT-KD: the run's direction beside the paper's, key by key",
+        description="Every Mistill-versus-Vanilla key of R-D5, R-D6, R-D18 and R-D19: the run's value, 95%% interval "
+                    "and direction beside the paper's (mistill.repro.directions says which keys, and the rule).")
+    shown = directions.add_mutually_exclusive_group()
+    shown.add_argument("--markdown", action="store_true", help="print README's Markdown table")
+    shown.add_argument("--readme", nargs="?", const=Path("README.md"), type=Path, metavar="PATH",
+                       help="rewrite the table between the direction markers of README.md (or PATH)")
+    _common(directions)
+    directions.set_defaults(func=cmd_directions)
 
     md = subparsers.add_parser("registry-md", help="regenerate REGISTRY.md from registry.yaml")
     md.add_argument("--check", action="store_true", help="exit non-zero when REGISTRY.md is stale; write nothing")
@@ -149,6 +161,23 @@ def cmd_render(args: argparse.Namespace) -> int:
     figure_files = [p for p in report.outputs if p.parent == args.out / "figures"]
     print(f"wrote {len(report.outputs) - len(figure_files)} files under {args.out}"
           + (f", and {len(figure_files)} under {args.out / 'figures'}" if figure_files else ""))
+    return 0
+
+
+def cmd_directions(args: argparse.Namespace) -> int:
+    from mistill.repro import directions
+    from mistill.repro.stage_times import replace_in_readme
+
+    profile, results = _resolve(args)
+    rows = directions.read_direction_rows(".", profile, results)
+    if args.readme:
+        replace_in_readme(args.readme, directions.readme_block(rows, profile), directions.README_BEGIN,
+                          directions.README_END)
+        print(f"{args.readme}: direction table rewritten ({len(rows)} keys)")
+    elif args.markdown:
+        print(directions.readme_block(rows, profile))
+    else:
+        print(directions.text_listing(rows, profile))
     return 0
 
 

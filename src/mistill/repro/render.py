@@ -18,6 +18,8 @@ none does.  ``per_seed(("R-D12", key), ("R-D6", key))`` is that cell for each se
 A row that names a model says ``model("student_qwen")``: the profile's own name for it
 (params ``labels.models``, `mistill.repro.labels`), so the demo's tables never call its tiny
 models Qwen3-4B; a figure's titles write ``{student_qwen}``.
+``directions()`` gives the rows of `mistill.repro.directions` (each Mistill-versus-Vanilla key's direction beside
+the paper's), the same rows README's table shows; a row's own value is still fetched with ``v``.
 
 A cell whose number no numbers file holds shows ``??`` and is reported.  In
 strict mode a missing number is an error when the active profile claims it: a
@@ -47,6 +49,7 @@ import jinja2
 
 from mistill.errors import UserError
 from mistill.io import atomic_open
+from mistill.repro.directions import DirectionTable, direction_rows
 from mistill.repro.labels import model_name, model_names
 from mistill.repro.macros import macro_name
 from mistill.repro.numbers import NumbersFile, read_numbers
@@ -168,6 +171,8 @@ def render_paper(registry: Registry, *, results_dir: str | Path, out_dir: str | 
     env.globals["keys_like"] = _keys_like(registry, numbers, profile)
     names = model_names(registry.root, profile)
     env.globals["model"] = lambda role: model_name(names, role, f"profile {profile}")
+    # the Mistill-versus-Vanilla direction table's rows, the ones README shows (tables/directions.j2)
+    env.globals["directions"] = lambda: DirectionTable(profile, direction_rows(registry, numbers, profile))
     seed_count = len(profile_seeds(registry.root, profile))
     report = RenderReport(profile)
     out_dir = Path(out_dir)

@@ -85,9 +85,11 @@ class Replicate:
     jitter_seed: int = 0
     env: tuple[tuple[str, str], ...] = ()
     not_read: tuple[str, ...] = ()     # results its perturbation leaves unreadable (the module docstring)
+    params: tuple[tuple[str, Any], ...] = ()   # (dotted key of the active profile, value; None removes the key)
 
     def describe(self) -> str:
         parts = [" ".join(f"{k}={v}" for k, v in self.env)] if self.env else []
+        parts += [f"{key}={'(removed)' if value is None else value}" for key, value in self.params]
         if self.threads is not None:
             parts.append(f"{self.threads} thread(s)")
         if self.train_seed is not None:
@@ -180,6 +182,17 @@ def replicate_params(data: dict[str, Any], rep: Replicate) -> dict[str, Any]:
         # its offset from the first seed (R-D14's RandHeads at seed 1)
         for entry in ((active.get("variants") or {}).get("arms") or {}).values():
             entry["seed"] = rep.train_seed + int(entry["seed"]) - base
+    for dotted, value in rep.params:
+        *path, last = dotted.split(".")
+        section = active
+        for name in path:
+            if not isinstance(section.get(name), dict):
+                raise UserError(f"replicate {rep.name}: params {dotted}: no section {name!r} in the active profile")
+            section = section[name]
+        if value is None:
+            section.pop(last, None)
+        else:
+            section[last] = value
     return data
 
 
