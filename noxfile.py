@@ -1,4 +1,4 @@
-"""Sessions: `nox -s tests | slow | rehearsal | check_tolerances | paper | repro | bench | bench_chain | lint`.
+"""Sessions: `nox -s tests | slow | rehearsal | check_tolerances | paper | repro | mutants | bench | bench_chain | lint`.
 
 Every session runs in the active environment (no virtualenv of its own, no
 network): set it up once with `pip install -e '.[dev]'`.  Arguments after `--`
@@ -73,6 +73,14 @@ def repro(session: nox.Session) -> None:
     session.run("mistill", "repro", "check", *ids)
     session.run("mistill", "repro", "render")
     session.run("mistill", "repro", "privacy")
+
+
+@nox.session
+def mutants(session: nox.Session) -> None:
+    """The recipe with one link broken (params mutants.runs: the attention term off, random heads, targets of other
+    notes, the layer map shifted by one), each checked; the record in benchmarks/results/mutants_demo.json (`-- NAME
+    ...` runs those only). Needs the demo's artifacts (`nox -s repro` first); about 5 to 15 minutes a mutant on two cores."""
+    session.run("mistill", "repro", "mutants", "--record", "benchmarks/results/mutants_demo.json", *session.posargs)
 
 
 @nox.session

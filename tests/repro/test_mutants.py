@@ -79,3 +79,16 @@ def test_the_check_of_a_mutant_names_the_keys_it_moves(tmp_path):
 
 def test_an_outcome_without_headline_failures_is_not_caught():
     assert not MutantOutcome("m", {}, {"R-D18": ["k"]}, [], 0.0).caught
+
+
+def test_a_record_of_some_mutants_keeps_the_others(tmp_path):
+    from mistill.io import read_json
+    from mistill.repro.mutants import write_record
+
+    path = tmp_path / "mutants.json"
+    write_record(path, [MutantOutcome("a", {"x": 1}, {}, [], 1.0), MutantOutcome("b", {"y": 2}, {"R-D6": ["k"]},
+                                                                                   ["R-D6 k"], 2.0)], "demo")
+    write_record(path, [MutantOutcome("b", {"y": 2}, {}, [], 3.0), MutantOutcome("c", {"z": 3}, {}, [], 4.0)], "demo")
+    body = read_json(path, "record")
+    assert [(m["name"], m["caught"], m["wall_s"]) for m in body["mutants"]] == [("a", False, 1.0), ("b", False, 3.0),
+                                                                               ("c", False, 4.0)]

@@ -90,6 +90,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     register_stage_times(subparsers)
     from mistill.repro.calibration_commands import register as register_calibrate  # `mistill repro calibrate`
     register_calibrate(subparsers)
+    from mistill.repro.mutants import register as register_mutants  # `mistill repro mutants`
+    register_mutants(subparsers)
     from mistill.repro.grid import register as register_grid  # `mistill repro grid`
     register_grid(subparsers)
     from mistill.repro.plot_data import register as register_plot_data  # `mistill repro plot-data`

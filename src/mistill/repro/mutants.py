@@ -139,30 +139,51 @@ def outcome_table(outcomes: list[MutantOutcome]) -> str:
 
 
 def write_record(path: Path, outcomes: list[MutantOutcome], profile: str) -> None:
+    """The outcomes as JSON; a record already there keeps its other mutants (a run of some of them updates those)."""
+    from mistill.io import code_version, read_json
     from mistill.repro.machine import cpu_type, describe_machine
 
-    write_json(path, {"profile": profile, "machine": describe_machine(), "cpu_type": cpu_type(),
-                      "mutants": [{"name": o.name, "overrides": o.overrides, "caught": o.caught,
-                                   "headline_failing": o.headline_failing, "failing": o.failing,
-                                   "wall_s": o.wall_s} for o in outcomes]})
+    entries = {o.name: {"name": o.name, "overrides": o.overrides, "caught": o.caught,
+                        "headline_failing": o.headline_failing, "failing": o.failing, "wall_s": o.wall_s,
+                        "code_version": code_version(), "machine": describe_machine(), "cpu_type": cpu_type()}
+               for o in outcomes}
+    kept = read_json(path, "mutants record")["mutants"] if path.exists() else []
+    merged = [entries.pop(e["name"], e) for e in kept] + list(entries.values())
+    write_json(path, {"profile": profile, "mutants": merged})
 
 
-def main(argv: list[str] | None = None) -> int:
-    """`python -m mistill.repro.mutants [NAME ...] [--record PATH]`: run, check, print the table."""
-    import argparse
-
-    from mistill.params import load_params
-
-    parser = argparse.ArgumentParser(prog="mistill repro mutants", description=__doc__.splitlines()[0])
+def register(subparsers) -> None:
+    """`mistill repro mutants [NAME ...] [--record PATH]`."""
+    parser = subparsers.add_parser("mutants", help="rerun the chain with one link of the recipe broken; check each",
+                                   description="Each mutant of params mutants.runs reruns the Mistill arms and the "
+                                   "readers of mutants.results in a scratch workspace, then the check; the exit "
+                                   "status is 1 when a mutant fails no headline key (mistill.repro.mutants).")
     parser.add_argument("names", nargs="*", help="mutants of params mutants.runs (default: all)")
     parser.add_argument("--record", type=Path, help="write the outcomes as JSON here (benchmarks/results/...)")
-    args = parser.parse_args(argv)
+    parser.set_defaults(func=cmd_mutants)
+
+
+def cmd_mutants(args) -> int:
+    from mistill.params import load_params
+
     params = load_params()
     outcomes = run_mutants(Path("."), params, args.names)
     print(outcome_table(outcomes))
     if args.record:
         write_record(args.record, outcomes, params["name"])
+        print(f"-> {args.record}")
     return 0 if all(o.caught for o in outcomes) else 1
+
+
+def main(argv: list[str] | None = None) -> int:
+    """`python -m mistill.repro.mutants [NAME ...] [--record PATH]`: as `mistill repro mutants`."""
+    import argparse
+    import sys
+
+    parser = argparse.ArgumentParser(prog="mistill repro")
+    register(parser.add_subparsers())
+    args = parser.parse_args(["mutants", *(sys.argv[1:] if argv is None else argv)])
+    return args.func(args)
 
 
 if __name__ == "__main__":
