@@ -7,6 +7,7 @@ the interpreter, torch and transformers are loaded once instead of four times.
 
 from __future__ import annotations
 
+import argparse
 from pathlib import Path
 
 from mistill.errors import UserError
@@ -150,18 +151,24 @@ def arm_steps(model: str, out_dir: Path, m1_notes: str | None, notes: str | None
              "--out", str(out_dir / ARM_FILES["m1"])]]
 
 
+def commands_parser() -> argparse.ArgumentParser:
+    """This group's commands as `mistill evaluate` parses them: what `arm` runs its steps through."""
+    parser = argparse.ArgumentParser(prog="mistill evaluate")
+    register(parser.add_subparsers(dest="command", metavar="COMMAND", required=True))
+    return parser
+
+
 def cmd_arm(args) -> int:
     """The arm's steps in order. Under torchrun (vllm data parallel) every process generates its notes
     and rank 0 alone runs the steps that read every generation."""
-    from mistill.cli import build_parser
     from mistill.shard import Shard
 
-    parser = build_parser("evaluate")
+    parser = commands_parser()
     shard = Shard.from_env()
     generate, *readers = arm_steps(args.model, Path(args.out_dir), args.m1_notes, args.notes, args.teacher_traces,
                                    args.events_dir)
     for step in [generate, *(readers if shard.leader else [])]:
-        step_args = parser.parse_args(["evaluate", *step])
+        step_args = parser.parse_args(step)
         status = step_args.func(step_args)
         if status:
             return int(status)
