@@ -22,7 +22,7 @@ that no headline key of `mutants.headline` fails (R-D5, R-D6) is one the check c
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -43,7 +43,7 @@ class MutantsConfig:
     results: tuple[str, ...]
     headline: tuple[str, ...]
     replicates: tuple[Replicate, ...]
-    held_out: tuple[Replicate, ...] = ()
+    held_out: tuple[Replicate, ...] = ()   # none: `run_replicates` reads it beside `replicates`
 
     @classmethod
     def from_params(cls, params: dict[str, Any]) -> MutantsConfig:
@@ -66,8 +66,7 @@ class MutantsConfig:
     def with_kept_outputs(self, repo: Path) -> MutantsConfig:
         """The inputs plus every output of the kept stages (linked, never rerun)."""
         kept = [out for outs in stage_outs(repo, self.kept).values() for out in outs] if self.kept else []
-        return MutantsConfig(self.scratch, self.out, tuple(dict.fromkeys([*self.inputs, *kept])), self.kept,
-                             self.stages, self.results, self.headline, self.replicates)
+        return replace(self, inputs=tuple(dict.fromkeys([*self.inputs, *kept])))
 
 
 def mutant(name: str, overrides: Any) -> Replicate:
@@ -174,17 +173,3 @@ def cmd_mutants(args) -> int:
         print(f"-> {args.record}")
     return 0 if all(o.caught for o in outcomes) else 1
 
-
-def main(argv: list[str] | None = None) -> int:
-    """`python -m mistill.repro.mutants [NAME ...] [--record PATH]`: as `mistill repro mutants`."""
-    import argparse
-    import sys
-
-    parser = argparse.ArgumentParser(prog="mistill repro")
-    register(parser.add_subparsers())
-    args = parser.parse_args(["mutants", *(sys.argv[1:] if argv is None else argv)])
-    return args.func(args)
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())
