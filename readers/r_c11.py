@@ -33,8 +33,11 @@ import numpy as np
 
 from mistill.errors import UserError
 from mistill.instrument.edits import NOTE_VARIANTS, PREFIX_VARIANTS
+from mistill.instrument.margin import bf16_spacing
+from mistill.instrument.proxy_readout import ARTIFACT as PROXY_ARTIFACT
+from mistill.instrument.proxy_readout import load_proxy
 from mistill.instrument.read_passes import ReadSide
-from mistill.instrument.readout import load_json, reader_settings, run_reader, value
+from mistill.instrument.readout import load_json, proxy_dir, reader_settings, run_reader, value
 from mistill.io import read_jsonl
 from mistill.stats import StatsParams, bootstrap_mean, sign_test
 
@@ -53,7 +56,13 @@ def keys(params: dict) -> list[str]:
     if pair:
         out += [f"mediated_share_{'_'.join(pair)}", "mediated_share_of_mean", "pair_share_of_clean_margin"]
     out += [f"{v}_edit_effects" for v in PREFIX_VARIANTS] + [f"note_{v}_edit_effects" for v in NOTE_VARIANTS]
-    return out
+    return [*out, "bf16_logit_grid"]
+
+
+def teacher_logits(proxies: Path) -> np.ndarray:
+    """The teacher's logit of the decided token at every P2C event of the proxy pass (HD-001-proxy)."""
+    rows = [load_proxy(p) for p in sorted(proxies.glob(f"*/{PROXY_ARTIFACT}"))]
+    return np.concatenate([r["target_logit"][r["kinds"] == "P2C"] for r in rows]) if rows else np.zeros(0)
 
 
 def load(out: Path) -> tuple[list[dict], list[dict], list[str], dict]:
@@ -136,6 +145,14 @@ def compute_values(params: dict) -> tuple[dict, list[Path]]:
         clean_ablated = np.array([r["margin_identity_ablated"] for r in prefix])
         v["pair_share_of_clean_margin"] = value(float(100.0 * (clean - clean_ablated).mean() / clean.mean()),
                                                 "percent of the mean identity margin the pair carries", art_p)
+    inputs = [out / "edits.json", *(out / n / f for n in notes for f in ("prefix_edit.jsonl", "evidence_edit.jsonl"))]
+    # the grid a bf16 teacher's logits of this size sit on (the demo's fp32 teacher has none)
+    logits = teacher_logits(proxy_dir(params))
+    if logits.size:
+        v["bf16_logit_grid"] = value(bf16_spacing(float(np.median(np.abs(logits)))),
+                                     "nats, bf16 spacing at the median logit of the decided token (P2C events)",
+                                     str(proxy_dir(params) / f"*/{PROXY_ARTIFACT}"))
+        inputs += sorted(proxy_dir(params).glob(f"*/{PROXY_ARTIFACT}"))
     # the note's words
     v["evidence_edit_events"] = value(len(evidence), f"count of the {len(prefix)} edited events with words to edit",
                                       art_e)
@@ -159,7 +176,6 @@ def compute_values(params: dict) -> tuple[dict, list[Path]]:
         v[f"note_{variant}_edit_effects"] = value(
             [float(e.mean()) if e.size else 0.0, float(np.median(e)) if e.size else 0.0, int(e.size)],
             "[mean effect, median effect, events], nats", art_e)
-    inputs = [out / "edits.json", *(out / n / f for n in notes for f in ("prefix_edit.jsonl", "evidence_edit.jsonl"))]
     return v, inputs
 
 

@@ -12,6 +12,15 @@
   overlap of the halves at params readers.split_half_k (the paper's 8 and 40), the first on the
   chapter ranking (P1), the second as the range over phases; the halves' Spearman as the range over
   HD-001's phases, and the shortlist run's lowest phase median (the paper's P2C, 0.63).
+* Exact carry (App. D "Stability", reconstructed from its one sentence: 0.83 to 1.00): on HD-001's
+  exact contrastive effects, each note's exact-merged P2C importance (`stats.heads.exact_merged`: at
+  each P2C event the first-order I of attr.npz with the nominees' exact single-head effects of
+  patch2.jsonl `p2c_exact` in their place, averaged over the note's patched events; a head never
+  patched in the note keeps its mean first-order I).  Over the same 200 patient halves, each half's
+  top-k (the smaller readers.split_half_k) is chosen by its mean calibrated I_c (the contrast ranking)
+  or by its mean exact-merged importance, and read on the other half: the share of the other half's
+  own best k's summed exact-merged importance it carries (`stats.heads.split_half_carry`).  Reported:
+  the medians over both directions of every split, chosen by the contrast ranking, then by the exact.
 
 * Read side: the read-side lifts of Table 16 (each phase's top-k, random panel and bottom-k, HD-001-read)
   re-aggregated by patient; the largest move of a median.
@@ -44,6 +53,7 @@ from mistill.locus.readout import LocusRun, compare_wordings
 from mistill.models.traces import TRACE_SETS
 from mistill.models.world_files import data_dir
 from mistill.stats import split_half_stability
+from mistill.stats.heads import SplitHalfCarry, exact_merged, split_half_carry
 
 READER = "readers/r_c13.py"
 N_SPLITS, SPLIT_SEED = 200, 0
@@ -62,8 +72,8 @@ def keys(params: dict) -> list[str]:
     small, large = split_half_k(params)
     return ["knockin_median_shift_patient_unit_max", "necessity_median_shift_patient_unit_max_p1_p2c",
             "p2_necessity_rise_patient_unit", f"split_half_top{small}_overlap", f"split_half_top{large}_overlap",
-            "split_half_spearman_full", "split_half_spearman_shortlist_p2c_min", "patient_units_notes_patients",
-            "readside_lift_shift_max", *suffix_keys(params)]
+            "split_half_spearman_full", "split_half_spearman_shortlist_p2c_min", f"split_half_exact_top{small}_carry",
+            "patient_units_notes_patients", "readside_lift_shift_max", *suffix_keys(params)]
 
 
 def suffix_variants(params: dict) -> list[str]:
@@ -114,6 +124,40 @@ def _split_halves(run: Path, units: dict[str, str], ks: tuple[int, int]) -> dict
     return out
 
 
+def exact_merged_p2c(run: Path, notes: list[str]) -> np.ndarray:
+    """(notes, heads): each note's exact-merged P2C importance from its attr.npz (first-order I at every
+    event) and patch2.jsonl (the exact patches of each P2C event's nominees, `p2c_exact`)."""
+    out = []
+    for note in notes:
+        attr = read_npz(run / note / "attr.npz", "attribution arrays")
+        at_p2c = attr["kinds"] == "P2C"
+        rows = [r for r in read_jsonl(run / note / "patch2.jsonl") if r.get("kind") == "P2C"]
+        # both follow the note's events, so the n-th P2C row is the n-th P2C event (two events may share
+        # a position, contrasting against different siblings)
+        if [int(r["pos"]) for r in rows] != attr["positions"][at_p2c].tolist():
+            raise UserError(f"{run / note}: the knock-in rows' P2C events differ from attr.npz's; rerun the "
+                            "knock-in pass")
+        first = attr["first_order"][at_p2c].reshape(len(rows), -1)
+        patches = [(r["p2c_exact"]["heads"], r["p2c_exact"]["exact"]) if r.get("p2c_exact") else None for r in rows]
+        if not any(patches):
+            raise UserError(f"{run / note}/patch2.jsonl: no P2C event patched exactly; rerun the knock-in pass")
+        out.append(exact_merged(first, patches))
+    return np.stack(out)
+
+
+def _exact_carry(run: Path, units: dict[str, str], k: int) -> tuple[SplitHalfCarry, list[Path]] | None:
+    """The halves' exact P2C carry, or None where the run ranks no P2C or patched none exactly."""
+    cal = read_npz(run / "calibration.npz", "calibration arrays")
+    if "ic_P2C" not in cal:
+        return None
+    notes = cal["notes_P2C"].tolist()
+    if not any(r.get("p2c_exact") for n in notes for r in read_jsonl(run / n / "patch2.jsonl")):
+        return None
+    carry = split_half_carry(cal["ic_P2C"], exact_merged_p2c(run, notes), [units[n] for n in notes], k=k,
+                             n_splits=N_SPLITS, seed=SPLIT_SEED)
+    return carry, [run / n / "attr.npz" for n in sorted(notes)]
+
+
 def compute_values(params: dict) -> tuple[dict, list[Path]]:
     hd = instrument_dir(params)
     faith_path = hd / "faithfulness2.json"
@@ -160,6 +204,15 @@ def compute_values(params: dict) -> tuple[dict, list[Path]]:
     v["split_half_spearman_full"] = value([min(rhos), max(rhos)], f"range over phases of the median over {splits} "
                                           "of the Spearman of the halves' rankings, full inventory", art)
     inputs = [faith_path, *(hd / n / "patch2.jsonl" for n in rows), hd / "calibration.npz"]
+    exact = _exact_carry(hd, units, small)
+    if exact is not None:
+        carry, attr_inputs = exact
+        v[f"split_half_exact_top{small}_carry"] = value(
+            [carry.median_by_ranking, carry.median_by_importance], f"share of the other half's own best {small} by "
+            "summed exact P2C importance (exact where patched, first order where not) that a half's top-"
+            f"{small} carries, picked by the contrast ranking (I_c) and by the exact ranking; medians over {splits}, "
+            "and over which half picks", f"{hd}/*/attr.npz, {hd}/*/patch2.jsonl, {hd}/calibration.npz")
+        inputs += attr_inputs
     if (shortlist_dir / "calibration.npz").is_file():
         short = _split_halves(shortlist_dir, units, (small, large))
         phase = min(short, key=lambda p: short[p].median_spearman)

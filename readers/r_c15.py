@@ -44,8 +44,10 @@ def first_teacher_reader(name: str):
 
 
 def second_teacher_params(params: dict) -> dict:
-    """The profile's params with the second teacher's runs where the first teacher's are."""
-    return {**params, "instrument": {**params["instrument"], "traces": RUN["traces"], "out_dir": RUN["instrument"]},
+    """The profile's params with the second teacher's runs where the first teacher's are (the second teacher's
+    run has no isolation pass)."""
+    rest = {k: v for k, v in params.items() if k != "isolation"}
+    return {**rest, "instrument": {**params["instrument"], "traces": RUN["traces"], "out_dir": RUN["instrument"]},
             "locus": {**params["locus"], "out_dir": RUN["locus"]}}
 
 

@@ -1,6 +1,10 @@
 """R-C2 (Table 8): attribution fidelity against exact patching, the noise floor, the hook validation
 and the NULL calibration checks.
 
+Direct-logit attribution in the full run: each decision event's DLA (HD-001-proxy, `proxy.npz`'s c,
+the write projected on the margin direction over a positive per-event constant) against the
+attribution pass's first-order importance over every head (`proxy.dla_vs_first_order`).
+
 The self-test's top-k (`instrument.selftest.selftest_top_k`) and the NULL summary's top-k
 (`instrument.calibration.summary_top_k`) name their keys (the paper's top-20 and top-16); the
 artifacts record the k they used, and the keys are named from those.
@@ -8,10 +12,13 @@ artifacts record the k they used, and the keys are named from those.
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 
-from mistill.instrument.readout import instrument_dir, load_json, run_reader, value
-from mistill.io import read_jsonl
+from mistill.instrument.proxy_readout import ARTIFACT, dla_vs_first_order, load_proxy
+from mistill.instrument.readout import instrument_dir, load_json, proxy_dir, run_reader, value
+from mistill.io import read_jsonl, read_npz
 
 READER = "readers/r_c2.py"
 
@@ -28,7 +35,8 @@ def keys(params: dict) -> list[str]:
             f"detached_top{k}_effect_recovered", f"intact_top{k}_effect_recovered", f"intact_top{k}_overlap_with_exact",
             "heads_above_noise_floor_per_event", "null_bh_positive_heads_raw", "null_bh_negative_heads_raw",
             "ic_split_half_null_discoveries", f"null_top{kk}_mean_effect", "raw_vs_null_ranking_spearman",
-            "all_heads_knockin_minus_clean_margin", "all_heads_knockin_minus_clean_max_abs"]
+            "all_heads_knockin_minus_clean_margin", "all_heads_knockin_minus_clean_max_abs",
+            "dla_vs_firstorder_pearson_full_run", "dla_vs_firstorder_pearson_by_phase", "dla_vs_firstorder_events"]
 
 
 def compute_values(params: dict) -> tuple[dict, list]:
@@ -78,7 +86,23 @@ def compute_values(params: dict) -> tuple[dict, list]:
         pa = out / "<note>/patch2.jsonl"
         v["all_heads_knockin_minus_clean_margin"] = value(float(np.median(diffs)), "nats, median difference", pa)
         v["all_heads_knockin_minus_clean_max_abs"] = value(float(np.max(np.abs(diffs))), "nats, max |diff|", pa)
-    return v, [sa, ca, *sorted(out.glob("*/patch2.jsonl"))]
+    dla = dla_vs_first_order(*_attributions_and_proxies(out, proxy_dir(params)))
+    pr = proxy_dir(params) / f"<note>/{ARTIFACT}"
+    v["dla_vs_firstorder_pearson_full_run"] = value(dla["median"], "median per-event Pearson over every head "
+                                                    f"({dla['events']} P1, P2 and P2C events)", pr)
+    v["dla_vs_firstorder_pearson_by_phase"] = value([dla["median_by_kind"][k] for k in ("P1", "P2", "P2C")],
+                                                    "median per-event Pearson, [P1, P2, P2C]", pr)
+    v["dla_vs_firstorder_events"] = value([dla["events"], dla["without_correlation"], dla["unmatched"]],
+                                          "counts of events: [with a correlation, constant (no correlation), without a proxy row]", pr)
+    return v, [sa, ca, *sorted(out.glob("*/patch2.jsonl")), *sorted(out.glob("*/attr.npz")),
+               *sorted(proxy_dir(params).glob(f"*/{ARTIFACT}"))]
+
+
+def _attributions_and_proxies(out: Path, proxies: Path) -> tuple[dict, dict]:
+    """HD-001's attr.npz and the proxy pass's proxy.npz, by note."""
+    attributions = {p.parent.name: read_npz(p) for p in sorted(out.glob("*/attr.npz"))}
+    return attributions, {n: load_proxy(proxies / n / ARTIFACT) for n in attributions
+                          if (proxies / n / ARTIFACT).is_file()}
 
 
 def main() -> int:

@@ -6,12 +6,19 @@ Table 1's necessity and knock-in sizes from `readers.necessity_k` and `readers.k
 paper's top-8 and top-40).  The spread over notes (10th-90th percentile, notes above half) is read
 at the necessity size, as App. D reads it at the chapter top-8.
 
+App. D's isolation pass (stage HD-001-isolation, `mistill.instrument.isolation`; set sizes from params
+`isolation.bins`, the paper's 3, 8, 16, 40, 100): per k, the median over notes of per-note means of P1
+necessity under each note's own top-k, and beyond the paper the margin left when only that top-k is kept, as a
+share of the clean margin (the paper: about -0.6 at every k).
+
 Beyond the paper, where the teacher carries a planted mechanism (params
 `models.teacher_training.planted.teacher`, `mistill.models.planted`): each phase's global ranking
 scored against the planted set, recall at k = |planted| and every planted head's rank.
 """
 
 from __future__ import annotations
+
+from pathlib import Path
 
 from mistill.errors import UserError
 from mistill.instrument.global_sets import load_head_sets
@@ -75,6 +82,39 @@ def planted_values(params: dict, sets_path) -> dict:
     return v
 
 
+def isolation_keys(params: dict) -> dict[str, str]:
+    """measure of isolation.json -> its key, named by the first and last of params `isolation.bins`; none where
+    the params configure no isolation pass (R-C15 reads the second teacher's run, which has none)."""
+    if not params.get("isolation"):
+        return {}
+    bins = list(params["isolation"]["bins"])
+    span = f"k{bins[0]}_to_k{bins[-1]}"
+    return {"necessity": f"isolation_necessity_bins_{span}", "isolation_share": f"isolation_margin_share_bins_{span}"}
+
+
+def isolation_values(params: dict) -> tuple[dict, list[Path]]:
+    """Per k of the isolation pass: necessity under the note's own top-k, and the margin share it keeps alone."""
+    names = isolation_keys(params)
+    if not names:
+        return {}, []
+    out = Path(params["isolation"]["out_dir"])
+    path = out / "isolation.json"
+    summary = load_json(path)
+    bins = list(params["isolation"]["bins"])
+    if summary.get("bins") != bins:
+        raise UserError(f"{path}: bins {summary.get('bins')} are not params isolation.bins {bins}; rerun the "
+                        "isolation pass (dvc repro HD-001-isolation)")
+    cells = [summary["by_k"][str(k)] for k in bins]
+    n_notes = max(cell[m]["n_notes"] for cell in cells for m in ("necessity", "isolation_share"))
+    head = f"per k in {bins}: median over {n_notes} notes of per-note means of the P1"
+    v = {names["necessity"]: value([c["necessity"]["median"] for c in cells],
+                                   f"{head} necessity when only the own top-k heads are mean-ablated", path),
+         names["isolation_share"]: value([c["isolation_share"]["median"] for c in cells],
+                                         f"{head} margin with every head outside the own top-k mean-ablated, as a "
+                                         "share of the clean margin", path)}
+    return v, [path, *sorted(out.glob("*/isolation.npz"))]
+
+
 def keys(params: dict) -> list[str]:
     """Every key this reader can write under `params`."""
     bins = list(params["instrument"]["knockin"]["bins"])
@@ -89,7 +129,7 @@ def keys(params: dict) -> list[str]:
             for m in MEASURES:
                 out += [pattern.format(m=m, k=k, p=p) for pattern in SET_PREFIX.values()]
                 out.append(f"notes_{m}_above_random_{p}_k{k}")
-    return out + planted_keys(params)
+    return out + list(isolation_keys(params).values()) + planted_keys(params)
 
 
 def compute_values(params: dict) -> tuple[dict, list]:
@@ -167,9 +207,12 @@ def compute_values(params: dict) -> tuple[dict, list]:
                 [m for k, m in random_medians if k == min(k for k, _ in random_medians)]
         v["knockin_random_max"] = value(max(small), "max over phases and bins of <= 10% of the heads (else the "
                                         "smallest bin) of random-set medians", fa)
+    isolation, isolation_inputs = isolation_values(params)
+    v.update(isolation)
     planted = planted_values(params, out / "head_sets_contrast.json")
     v.update(planted)
-    return v, [fa, *([out / "head_sets_contrast.json"] if planted else []), *sorted(out.glob("*/patch2.jsonl"))]
+    return v, [fa, *([out / "head_sets_contrast.json"] if planted else []), *sorted(out.glob("*/patch2.jsonl")),
+               *isolation_inputs]
 
 
 def main() -> int:

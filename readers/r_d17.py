@@ -26,11 +26,11 @@ from mistill.evaluate.compare import arm_values, clustered, seed_dirs, seed_medi
 from mistill.evaluate.readout import (
     ArmSeed,
     completed_precision_recall,
-    las_minus_reference,
     load_arms,
     main_for,
     minus_reference,
     run_inputs,
+    simulatability_gain_minus_reference,
     test_notes,
     value,
     where,
@@ -118,8 +118,8 @@ def compute_values(params: dict) -> tuple[dict, list[Path]]:
     v.update(minus_reference("qwen_fp32_mistill_minus_bf16_mistill", runs, arms["qwen_mistill"], notes, stats,
                              f"{fp32} minus bf16 Mistill"))
     inputs += run_inputs(arms["qwen_mistill"])
-    las = las_minus_reference("qwen_fp32_mistill_las_vs_fp32_vanilla", runs, arms["qwen_vanilla_fp32"], notes, stats,
-                              f"{fp32} minus fp32 Vanilla CoT-KD")
+    las = simulatability_gain_minus_reference("qwen_fp32_mistill_las_vs_fp32_vanilla", runs, arms["qwen_vanilla_fp32"],
+                                              notes, stats, f"{fp32} minus fp32 Vanilla CoT-KD")
     if not las:
         raise UserError(f"{where(runs)}: no LAS for any fp32 Mistill run; params simulator.arms names the runs "
                         f"whose LAS is measured (stage LAS@<label>)")

@@ -6,8 +6,9 @@ traces on the same test notes. Task values are means over the seeds present (the
 two or more seeds); the paired per-note comparison averages each note's F1 over seeds first
 (`mistill.stats.mean_over_seeds`) and reports the percentile-bootstrap mean difference with
 its interval, Wilcoxon and sign tests (`mistill.stats.paired_comparison`, App. K "Statistics").
-Gap recovered is (arm - untrained) / (teacher - untrained) on corpus micro-F1 (App. K).  LAS is read from
-stage LAS (`<artifacts>/LAS/<label>-s<seed>/las.json`).
+Gap recovered is (arm - untrained) / (teacher - untrained) on corpus micro-F1 (App. K).  LAS, App. K's
+simulatability gain, is read from stage LAS (`<artifacts>/LAS/<label>-s<seed>/las.json`), and beside it, beyond
+the paper, Hase et al.'s leakage-adjusted LAS (`<family>_vanilla_las_leakage_adjusted`).
 """
 
 from __future__ import annotations
@@ -21,9 +22,9 @@ from mistill.evaluate.readout import (
     arm_labels,
     completed_precision_recall,
     generation_behaviour,
-    las_of,
     las_path,
-    las_text,
+    leakage_adjusted_of,
+    leakage_adjusted_text,
     load_arms,
     m1_shares,
     m1_text,
@@ -33,6 +34,8 @@ from mistill.evaluate.readout import (
     per_note_mean_over_seeds,
     seed_mean_sd,
     seeds_text,
+    simulatability_gain_of,
+    simulatability_gain_text,
     teacher_micro_f1,
     test_notes,
     training_seeds,
@@ -59,7 +62,8 @@ def keys(params: dict) -> list[str]:
             out += [f"{family}_vanilla_minus_untrained", f"{family}_vanilla_gap_recovered"]
         if 0 in seeds:
             out += [f"{family}_vanilla_fp32_seed0_microf1", f"{family}_vanilla_fp32_bleu4",
-                    f"{family}_vanilla_fp32_trace_ppl", f"{family}_vanilla_las", f"{family}_vanilla_fp32_m1_p1_p2c",
+                    f"{family}_vanilla_fp32_trace_ppl", f"{family}_vanilla_las", f"{family}_vanilla_las_leakage_adjusted",
+                    f"{family}_vanilla_fp32_m1_p1_p2c",
                     f"{family}_vanilla_fp32_tail_macro_f1", f"{family}_vanilla_fp32_completed_precision_recall"]
     return out
 
@@ -118,10 +122,14 @@ def compute_values(params: dict) -> tuple[dict, list[Path]]:
                 v[f"{family}_vanilla_fp32_trace_ppl"] = value(
                     arm.fidelity["ppl_median"], "median over test notes of teacher-trace perplexity, seed 0",
                     arm.path / "fidelity.json")
-            las = las_of(arm)
-            if las is not None:
+            gain = simulatability_gain_of(arm)
+            if gain is not None:
                 inputs.append(las_path(arm))
-                v[f"{family}_vanilla_las"] = value(las[0], las_text(arm), las_path(arm))
+                v[f"{family}_vanilla_las"] = value(gain[0], simulatability_gain_text(arm), las_path(arm))
+            adjusted = leakage_adjusted_of(arm)
+            if adjusted is not None:
+                v[f"{family}_vanilla_las_leakage_adjusted"] = value(adjusted["value"],
+                                                                    leakage_adjusted_text(arm, adjusted), las_path(arm))
             shares = m1_shares(arm, ("P1", "P2C"))
             if shares is not None:
                 v[f"{family}_vanilla_fp32_m1_p1_p2c"] = value(shares, m1_text(arm, ("P1", "P2C")) + ", seed 0",

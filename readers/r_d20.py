@@ -2,7 +2,7 @@
 
 Reads HD-001's knock-in rows (`<note>/patch2.jsonl`, the P2C events whose nominees were each patched
 exactly: `p2c_exact`) and the proxy pass's per-head c and m at the same events
-(`<proxy_dir>/<note>/proxy.npz`, stage HD-001-proxy) and reports `mistill.instrument.proxy.proxy_faithfulness`:
+(`<proxy_dir>/<note>/proxy.npz`, stage HD-001-proxy) and reports `mistill.instrument.proxy_readout.proxy_faithfulness`:
 per-event medians and pooled Spearman of c, of m * c and of first-order importance with exact importance,
 the magnitude of c's direct-logit effect against the exact effect, and c beside exact importance for the
 heads params `readers.named_heads` names (`direct_path`, then `contrastive_specialist`: the paper's
@@ -15,21 +15,18 @@ import sys
 from pathlib import Path
 
 from mistill.errors import UserError
-from mistill.instrument.proxy import ARTIFACT, exact_rows, load_proxy, proxy_faithfulness
+from mistill.instrument.proxy_readout import ARTIFACT, exact_rows, load_proxy, proxy_faithfulness
 from mistill.instrument.readout import (
     head_index,
     instrument_dir,
     load_json,
+    proxy_dir,
     reader_settings,
     run_reader,
     value,
 )
 
 READER = "readers/r_d20.py"
-
-
-def proxy_dir(params: dict) -> Path:
-    return Path(f"{instrument_dir(params)}-proxy")
 
 
 def named(params: dict) -> list[str]:

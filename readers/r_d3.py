@@ -4,7 +4,8 @@ Vanilla CoT-KD on the task, and on its own heads.
 Reads the Feature-KD runs' evaluations `<baselines.dir>/DT-eval/student-<label>-featurekd-<precision>-s<seed>/`
 (runs: params baselines.featurekd.runs) beside fp32 Vanilla CoT-KD's (params evaluate.own_heads.arms), and
 their own-heads chains `<baselines.dir>/M6/...` (stage M6-featurekd).  Task values are means over the seeds
-present; the comparison with fp32 Vanilla CoT-KD averages each note's F1 over seeds first and reports the
+present (LAS is App. K's simulatability gain, Hase et al.'s leakage-adjusted LAS a key beside it, beyond the
+paper); the comparison with fp32 Vanilla CoT-KD averages each note's F1 over seeds first and reports the
 bootstrap mean difference with its interval (`mistill.evaluate.readout.minus_reference`).  On the own heads:
 the median over notes of SmolLM3-3B Feature-KD's own top-k P2C knock-in recovery, and Qwen3-4B's seed-0
 fp32 Vanilla CoT-KD minus seed-0 Feature-KD per note, note-clustered (App. L.7).
@@ -23,13 +24,13 @@ from mistill.evaluate.readout import (
     baseline_label,
     baseline_seeds,
     fp32_reference,
-    las_minus_reference,
     load_baseline,
     main_for,
     minus_reference,
     row_cell_keys,
     row_cells,
     run_inputs,
+    simulatability_gain_minus_reference,
     test_notes,
     value,
 )
@@ -76,8 +77,8 @@ def compute_values(params: dict) -> tuple[dict, list[Path]]:
             inputs += run_inputs(reference)
             v.update(minus_reference(f"{prefix}_minus_fp32_vanilla", seeds, reference, notes, stats,
                                      "Feature-KD minus fp32 Vanilla CoT-KD"))
-            v.update(las_minus_reference(f"{prefix}_las_minus_fp32_vanilla", seeds, reference, notes, stats,
-                                         "Feature-KD minus fp32 Vanilla CoT-KD"))
+            v.update(simulatability_gain_minus_reference(f"{prefix}_las_minus_fp32_vanilla", seeds, reference, notes,
+                                                         stats, "Feature-KD minus fp32 Vanilla CoT-KD"))
         # own heads (stage M6-featurekd, under params baselines.dir)
         label, own_root = baseline_label(params, ARM, student), Path(params["baselines"]["dir"])
         try:

@@ -7,6 +7,14 @@ the control statistics and D's decomposition; the locked primary, params evidenc
 precision, Mistill minus Vanilla CoT-KD with the seed-matched pair differences averaged within each case
 (bootstrap over cases, exact sign test, approximate detectable effect).  The control statistics leave
 out cases whose irrelevant edit fell short of its matched length.
+
+`control_sensitivity_max` reads App. N.3's "on the 32 cases without the one case whose irrelevant edit
+fell one word short of its matched length, the agreement moves by at most 0.014 and the expected rate
+by at most 0.020" as how far the two control statistics move when the short cases are dropped
+(`behaviour.control_sensitivity`); the reading of the control statistics themselves (one minus the
+agreement, the A-only rate's shift against the original's) is `control_disagreement_max`.  The
+category-level secondary is the primary difference with answers scored by three-character category,
+on the cases whose A and B lie in different categories.
 """
 
 from __future__ import annotations
@@ -17,6 +25,8 @@ import numpy as np
 
 from mistill.evaluate.evidence_flip.behaviour import (
     CONTROLS,
+    category,
+    control_sensitivity,
     detectable_effect,
     paired_case_differences,
     readings,
@@ -47,7 +57,9 @@ def keys(params: dict) -> list[str]:
             "primary_delta_d_mistill_minus_vanilla_bf16", "primary_delta_d_mistill_minus_vanilla_bf16_interval",
             "primary_delta_d_sign_test", "detectable_delta", "teacher_flipped_answers_b", "teacher_paired_success",
             "bf16_mistill_d_seeds", "bf16_vanilla_d_seeds", "bf16_mistill_follow_flip", "bf16_mistill_paired_success",
-            "pooled_per_case_diff_sd", "preregistered_min_effect", "control_sensitivity_max", "cases",
+            "pooled_per_case_diff_sd", "preregistered_min_effect", "control_sensitivity_max",
+            "control_disagreement_max", "cases", "category_secondary_cases", "category_secondary_delta_d",
+            "category_secondary_delta_d_interval",
             *(f"table54_{group}" for group in rows)]
 
 
@@ -74,14 +86,17 @@ def compute_values(params: dict) -> tuple[dict, list[Path]]:
     pairs = {c["case"]: (c["code"], c["partner"]) for c in cases}
     control_cases = sorted(c["case"] for c in cases if c["irrelevant_words_short"] == 0)
     gen_dir = settings.out_dir / "gen"
-    read, inputs = {}, [settings.cases_dir / "cohort_row.json"]
+    other_category = {case: (a, b) for case, (a, b) in pairs.items() if category(a) != category(b)}
+    read, by_category, inputs = {}, {}, [settings.cases_dir / "cohort_row.json"]
     groups = checkpoints(params)
     for group, labels in groups.items():
         for seed, label in zip(params["distill"]["seeds"] if group != "teacher" else [None], labels):
             path = gen_dir / label / "generations.jsonl"
             if path.exists():
                 row = group if seed is None else f"{group}_s{seed}"
-                read[row] = readings([r for r in read_jsonl(path) if r["case"] in pairs], pairs)
+                generations = read_jsonl(path)
+                read[row] = readings(generations, pairs)
+                by_category[row] = readings(generations, other_category, level="category")
                 inputs.append(path)
     art = f"{gen_dir}/*/generations.jsonl"
     v: dict[str, dict] = {
@@ -151,9 +166,25 @@ def compute_values(params: dict) -> tuple[dict, list[Path]]:
                 shifts.append((1 - float(np.mean([x.agreement(c) for x in kept])),
                                abs(float(np.mean([x.rate(c, 1) - x.rate("original", 1) for x in kept])))))
     if shifts:
-        v["control_sensitivity_max"] = value(
+        v["control_disagreement_max"] = value(
             [max(a for a, _ in shifts), max(b for _, b in shifts)],
             "largest over checkpoints and controls: [1 - agreement, expected-rate shift]", art)
+        v["control_sensitivity_max"] = value(
+            list(control_sensitivity(read, control_cases)),
+            f"largest change over checkpoints and controls without the {len(cases) - len(control_cases)} short "
+            "cases: [agreement, expected rate]", art)
+    # the category-level secondary: the primary's difference with answers scored by category
+    v["category_secondary_cases"] = value(len(other_category), "count of accepted cases whose A and B are in "
+                                          "different categories", art)
+    category_differences = paired_case_differences(
+        {s: by_category[f"mistill_s{s}"] for s in seeds if f"mistill_s{s}" in by_category},
+        {s: by_category[f"vanilla_s{s}"] for s in seeds if f"vanilla_s{s}" in by_category})
+    if len(category_differences) > 1:
+        secondary = interval(list(category_differences.values()))
+        v["category_secondary_delta_d"] = value(secondary.estimate, f"mean over {len(category_differences)} "
+                                                "cases, answers scored by category", art)
+        v["category_secondary_delta_d_interval"] = value(
+            [secondary.low, secondary.high], f"{stats.confidence:.0%} percentile bootstrap over cases", art)
     return {k: x for k, x in v.items() if np.all(np.isfinite(np.asarray(x["value"], dtype=float)))}, inputs
 
 

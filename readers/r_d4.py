@@ -3,7 +3,8 @@ Qwen3-4B), OPD (on-policy, Qwen3-4B) and GOLD (cross-tokenizer on-policy, SmolLM
 
 Reads each arm's evaluations `<baselines.dir>/DT-eval/student-<label>-<arm>-<precision>-s<seed>/` for the runs
 params `baselines.<arm>.runs` names (an arm the profile does not define writes nothing), beside fp32 Vanilla
-CoT-KD's (params evaluate.own_heads.arms).  Each row gives Table 2's cells (`mistill.evaluate.readout.row_cells`)
+CoT-KD's (params evaluate.own_heads.arms).  Each row gives Table 2's cells (`mistill.evaluate.readout.row_cells`;
+LAS is App. K's simulatability gain, Hase et al.'s leakage-adjusted LAS a key beside it, beyond the paper)
 and its paired per-note micro-F1 difference from fp32 Vanilla CoT-KD with the bootstrap interval.  App. L.2's
 readings of the on-policy rows: OPD's M1 at P1 and P2C, its tail macro-F1 and its per-note BLEU-4 against bf16
 Vanilla CoT-KD and its LAS against both Vanilla CoT-KD rows; GOLD's M1 at P2 (share and median margin) beside seed-0 fp32 Vanilla CoT-KD's, and how many
@@ -21,7 +22,6 @@ from mistill.evaluate.readout import (
     baseline_seeds,
     eval_root,
     fp32_reference,
-    las_minus_reference,
     load_arm,
     load_baseline,
     m1_shares,
@@ -32,6 +32,7 @@ from mistill.evaluate.readout import (
     row_cells,
     run_inputs,
     seeds_text,
+    simulatability_gain_minus_reference,
     test_notes,
     value,
     where,
@@ -93,13 +94,14 @@ def _opd_readings(seeds: dict[int, ArmSeed], notes, params: dict, stats) -> dict
                                        first.path)
     fp32 = arm_labels(params).get("qwen_vanilla_fp32")
     if fp32:
-        v.update(las_minus_reference("opd_las_minus_fp32_vanilla", seeds, load_arm(eval_root(params), fp32), notes,
-                                     stats, "OPD minus fp32 Vanilla CoT-KD"))
+        v.update(simulatability_gain_minus_reference("opd_las_minus_fp32_vanilla", seeds,
+                                                     load_arm(eval_root(params), fp32), notes, stats,
+                                                     "OPD minus fp32 Vanilla CoT-KD"))
     bf16 = arm_labels(params).get("qwen_vanilla_bf16")
     reference = load_arm(eval_root(params), bf16) if bf16 else {}
     if reference:
-        v.update(las_minus_reference("opd_minus_bf16_vanilla_las", seeds, reference, notes, stats,
-                                     "OPD minus bf16 Vanilla CoT-KD"))
+        v.update(simulatability_gain_minus_reference("opd_minus_bf16_vanilla_las", seeds, reference, notes, stats,
+                                                     "OPD minus bf16 Vanilla CoT-KD"))
     if reference and all((a.path / "fidelity.json").is_file() for a in [*seeds.values(), *reference.values()]):
         c = paired_comparison(_bleu_per_note(seeds, notes), _bleu_per_note(reference, notes),
                               n_resamples=stats.bootstrap_resamples, seed=stats.bootstrap_seed,

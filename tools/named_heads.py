@@ -38,7 +38,7 @@ import yaml
 from scipy.stats import binomtest
 
 from mistill.instrument import read_readout as rr
-from mistill.instrument.proxy import ARTIFACT, exact_rows, load_proxy, proxy_faithfulness
+from mistill.instrument.proxy_readout import ARTIFACT, exact_rows, load_proxy, proxy_faithfulness
 from mistill.params import load_params
 
 PHASES = ("P1", "P2", "P2C")

@@ -25,8 +25,9 @@ from mistill.evaluate.readout import baseline_label
 from mistill.instrument.attribution import fidelity
 from mistill.instrument.calibration import calibrate, note_contrast
 from mistill.instrument.global_sets import head_sets, phase_scores
+from mistill.instrument.isolation import summarize as isolation_summary
 from mistill.instrument.knockin import SET_KINDS, exact_refinement, summarize
-from mistill.io import write_json, write_jsonl
+from mistill.io import write_json, write_jsonl, write_npz
 from mistill.params import load_params
 from mistill.repro.check import NOT_REPRODUCED, PASS, run_check
 from mistill.repro.reader_module import load_reader
@@ -175,6 +176,24 @@ def paper_hd001(tmp_path_factory):
         "forward_noise_range": 0.09, "single_head_detection_floor": 0.14,
         **{name: fidelity(exact, exact + rng.normal(0, s, exact.shape), floor=0.14, top_k=top_k)
            for name, s in (("intact", 0.1), ("detached", 0.5), ("integrated_gradients", 0.3))}})
+    for i, note in enumerate(notes):   # the full run's first-order rows and the proxy pass's DLA rows
+        first_order = rng.normal(0, 0.1, (len(kinds), L, H)).astype(np.float32)
+        positions = np.arange(len(kinds)) * 7 + 10   # the decision events' positions are patch2.jsonl's
+        write_npz(out / note / "attr.npz", kinds=np.asarray(kinds), positions=positions, first_order=first_order)
+        decisions = np.asarray([k != "NULL" for k in kinds])
+        dla = -0.3 * first_order[decisions] + rng.normal(0, 0.1, first_order[decisions].shape)
+        write_npz(root / "HD-001-proxy" / note / "proxy.npz", kinds=np.asarray(kinds)[decisions],
+                  positions=positions[decisions], occurrence=np.zeros(decisions.sum(), dtype=np.int64),
+                  c=dla.astype(np.float32), m=np.zeros_like(dla, dtype=np.float32),
+                  margin=np.ones(decisions.sum(), dtype=np.float32),
+                  target_logit=np.full(decisions.sum(), 20.0, dtype=np.float32))
+    # the isolation pass's summary (App. D; stage HD-001-isolation) at the paper's bins
+    isolation, iso_bins = root / "HD-001-isolation", params["isolation"]["bins"]
+    params["isolation"] = {**params["isolation"], "out_dir": str(isolation)}
+    write_json(isolation / "isolation.json", isolation_summary(
+        {note: {"bins": np.asarray(iso_bins), "margin_clean": rng.uniform(2, 6, 3),
+                "margin_isolated": rng.normal(-1, 1, (3, len(iso_bins))),
+                "margin_ablated": rng.normal(1, 1, (3, len(iso_bins)))} for note in notes}, iso_bins))
     return params, body, cal.summary
 
 
@@ -226,10 +245,17 @@ def test_r_c3_operating_points_by_hand(paper_hd001):
 
 
 def _write_las(directory: Path, rng) -> None:
-    """Stage LAS's las.json of one run (`mistill evaluate fidelity --simulator`)."""
+    """Stage LAS's las.json of one run (`mistill evaluate fidelity --simulator`), the leakage-adjusted LAS beside
+    App. K's."""
+    from mistill.evaluate.leakage_adjusted import leakage_adjusted
+
     per_note = {n: float(rng.uniform(-0.5, 1.0)) for n in GOLD}
-    write_json(directory / "las.json", {"metrics": {"las": float(np.mean(list(per_note.values())))},
-                                        "per_note": {"las": per_note}})
+    leaking = {n: bool(i % 2) for i, n in enumerate(GOLD)}
+    adjusted = leakage_adjusted(list(per_note.values()), list(leaking.values()))
+    write_json(directory / "las.json", {"metrics": {"las": float(np.mean(list(per_note.values()))),
+                                                    "las_leakage_adjusted": adjusted.value},
+                                        "per_note": {"las": per_note, "leaks": leaking},
+                                        "leakage_adjusted": adjusted.as_dict()})
 
 
 @pytest.fixture(scope="module")
@@ -924,8 +950,6 @@ def test_r_d18_corpus_and_note_clustered_against_independent_computations(paper_
 def test_r_d20_writes_the_paper_keys_on_paper_shaped_proxy_artifacts(tmp_path):
     """1,600 heads, the paper's named heads among each event's patched nominees; the named heads' c and exact
     importance are their means over the events where they were patched."""
-    from mistill.io import write_npz
-
     params = copy.deepcopy(PAPER_PARAMS)
     hd = tmp_path / "HD-001"
     params["instrument"]["out_dir"] = str(hd)
@@ -938,9 +962,11 @@ def test_r_d20_writes_the_paper_keys_on_paper_shaped_proxy_artifacts(tmp_path):
             {"kind": "P2C", "pos": 100 + e, "p2c_exact": {"heads": h, "exact": rng.normal(size=56).tolist(),
                                                            "first_order": rng.normal(size=56).tolist()}}
             for e, h in enumerate(heads)])
-        write_npz(tmp_path / "HD-001-proxy" / note / "proxy.npz", positions=np.arange(100, 103),
+        write_npz(tmp_path / "HD-001-proxy" / note / "proxy.npz", kinds=np.asarray(["P2C"] * 3),
+                  positions=np.arange(100, 103),
                   occurrence=np.zeros(3, dtype=np.int64), c=rng.normal(size=(3, 40, 40)).astype(np.float32),
-                  m=rng.uniform(size=(3, 40, 40)).astype(np.float32), margin=np.full(3, 5.0, dtype=np.float32))
+                  m=rng.uniform(size=(3, 40, 40)).astype(np.float32), margin=np.full(3, 5.0, dtype=np.float32),
+                  target_logit=np.full(3, 20.0, dtype=np.float32))
     module = reader("R-D20")
     values, _ = module.compute_values(params)
     _assert_writes_what_it_lists(module, params, values)
@@ -1728,11 +1754,14 @@ def test_r_d11_extra_cells_by_hand(tmp_path):
     write_arm(tmp_path / "variants", variant_label("smolattnonly", arms["smolattnonly"]), 0, alone,
               shares(0.844, 0.535, 0.736))
     write_arm(tmp_path, rows["smollm_mistill"], 0, both, shares(0.5, 0.5, 0.5))
-    for label, las in ((f'{variant_label("replicate2", arms["replicate2"])}-s2', 0.25),
-                       (f'{rows["qwen_mistill"]}-s2', 0.23),
-                       (f'{variant_label("smolattnonly", arms["smolattnonly"])}-s0', 0.082),
-                       (f'{rows["smollm_mistill"]}-s0', 0.081)):
-        write_json(tmp_path / "LAS" / label / "las.json", {"metrics": {"las": las}, "per_note": {"las": {}}})
+    for label, las, adjusted in ((f'{variant_label("replicate2", arms["replicate2"])}-s2', 0.25, 0.2),
+                                 (f'{rows["qwen_mistill"]}-s2', 0.23, 0.21),
+                                 (f'{variant_label("smolattnonly", arms["smolattnonly"])}-s0', 0.082, 0.05),
+                                 (f'{rows["smollm_mistill"]}-s0', 0.081, 0.07)):
+        groups = {"leaking": {"notes": 0, "mean_gain": None}, "nonleaking": {"notes": 4, "mean_gain": adjusted}}
+        write_json(tmp_path / "LAS" / label / "las.json", {"metrics": {"las": las, "las_leakage_adjusted": adjusted},
+                                                           "per_note": {"las": {}},
+                                                           "leakage_adjusted": {"value": adjusted, **groups}})
 
     _, v = _read_by_hand("R-D11", params)
     f1 = {name: [note_f1(p[n] or [], GOLD[n]) for n in GOLD] for name, p in
@@ -1747,6 +1776,8 @@ def test_r_d11_extra_cells_by_hand(tmp_path):
     assert v["replicate_paired_notes"] == 2 and v["replicate_m1_p2c"] == 0.802
     assert v["smollm_attn_only_valid_cap"] == [0.25, 0.75]
     assert v["smollm_attn_only_m1_p1_p2_p2c"] == [0.844, 0.535, 0.736] and v["smollm_attn_only_las"] == 0.082
+    assert v["smollm_attn_only_las_leakage_adjusted"] == 0.05
+    assert v["replicate_las_original_las_leakage_adjusted"] == [0.2, 0.21]
     assert v["smollm_attn_only_vs_both_terms_s0"] == sum(a > b for a, b in zip(f1["alone"], f1["both"])) == 0
 
     arms["replicate2"]["window"] = 0   # a replicate changes nothing of the recipe

@@ -239,6 +239,33 @@ def test_seed_pairs_are_matched_within_case_and_averaged():
     assert got == {"a": pytest.approx((0.5 + 1.0) / 2), "b": pytest.approx((0.0 + 0.5) / 2)}
 
 
+def test_the_category_level_secondary_scores_by_three_character_category():
+    # A = N18.3 and B = E11.9 lie in different categories; an answer counts for a category it names
+    assert behaviour.score('x\n["N18.9"]', "N18.3", "E11.9", valid=True, level="category") == 1
+    assert behaviour.score('x\n["N18.9"]', "N18.3", "E11.9", valid=True) == 0            # not A itself
+    assert behaviour.score('x\n["E11.65", "I10"]', "N18.3", "E11.9", valid=True, level="category") == -1
+    assert behaviour.score('x\n["N18.1", "E11.9"]', "N18.3", "E11.9", valid=True, level="category") == 0
+    # a sibling pair shares its category: every answer scores 0 there
+    assert behaviour.score('x\n["N18.3"]', "N18.3", "N18.4", valid=True, level="category") == 0
+    with pytest.raises(ValueError, match="level"):
+        behaviour.score("[]", "N18.3", "E11.9", valid=True, level="chapter")
+
+
+def test_control_sensitivity_is_the_move_when_the_short_cases_are_left_out():
+    def reading(irrelevant, order):
+        return behaviour.CaseReading({"original": [1, 1], "flipped": [0, 0], "irrelevant": irrelevant,
+                                      "order": order}, 0)
+
+    # agreement with the original [1, 1]: a 1, b 0.5, c 0 (irrelevant); order agrees everywhere
+    # A-only rate under irrelevant: a 1, b 0.5, c 0; under order 1 everywhere
+    by_case = {"a": reading([1, 1], [1, 1]), "b": reading([1, 0], [1, 1]), "c": reading([0, -1], [1, 1])}
+    second = {"a": reading([1, 1], [1, 1]), "b": reading([1, 1], [1, 1]), "c": reading([1, 1], [1, 1])}
+    agreement, rate = behaviour.control_sensitivity({"one": by_case, "two": second}, kept=["a", "b"])
+    # every case: (1 + 0.5 + 0) / 3 = 0.5; without c: 0.75; the second checkpoint does not move
+    assert agreement == pytest.approx(0.25) and rate == pytest.approx(0.25)
+    assert behaviour.control_sensitivity({"one": by_case}, kept=["a", "b", "c"]) == (0.0, 0.0)
+
+
 def test_detectable_effect_matches_statsmodels_normal_power():
     from statsmodels.stats.power import NormalIndPower
 

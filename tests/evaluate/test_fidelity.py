@@ -1,4 +1,4 @@
-"""Fidelity metrics: BLEU-4 against a hand computation and sacrebleu, PPL, LAS."""
+"""Fidelity metrics: BLEU-4 against a hand computation and sacrebleu, PPL, LAS (App. K's simulatability gain)."""
 
 import math
 from collections import Counter
@@ -64,13 +64,13 @@ def test_ppl_and_median():
     assert fidelity.median_ppl([[0.0], [math.log(2)], [math.log(8)]]) == pytest.approx(2.0)
 
 
-def test_las_hand_worked():
+def test_simulatability_gain_hand_worked():
     teacher = [["A", "B"], ["C"]]
     with_r = [["A", "B"], ["D"]]
     note_only = [["A"], ["C"]]
     # note 0: 1 - 2/3 ; note 1: 0 - 1
-    assert fidelity.las_per_note(with_r, note_only, teacher) == pytest.approx([1 / 3, -1.0])
-    assert fidelity.las(with_r, note_only, teacher) == pytest.approx((1 / 3 - 1) / 2)
+    assert fidelity.simulatability_gain_per_note(with_r, note_only, teacher) == pytest.approx([1 / 3, -1.0])
+    assert fidelity.simulatability_gain(with_r, note_only, teacher) == pytest.approx((1 / 3 - 1) / 2)
 
 
 def test_teacher_forced_nll_matches_the_models_own_loss():

@@ -1,4 +1,5 @@
-"""The LAS simulator (App. K): its examples, its training, its greedy answers and LAS from them.
+"""The LAS simulator (App. K): its examples, its training, its greedy answers and LAS (the simulatability
+gain) from them.
 
 A tiny Qwen3 on a compact tokenizer stands in for Qwen3-1.7B. A simulator that memorises hand-made
 examples must give back what it memorised, so LAS on those notes has a hand-computed value."""
@@ -127,6 +128,32 @@ def test_greedy_answers_do_not_depend_on_the_batch(tok):
     assert sim.greedy_answers(model, tok, texts, max_new_tokens=8, batch_size=4) == alone
 
 
+def test_simulator_text_of_each_input():
+    """App. K's two inputs as they always were; the rationale-only input keeps everything but the note."""
+    from mistill.world.prompt import NOTE_HEADER
+
+    note, rationale = NOTES["n1"], REASONING["n1"]
+    assert sim.simulator_text(note, rationale) == (f"{NOTE_HEADER}\n\n{note}\n\n<think>\n{rationale}\n</think>\n\n"
+                                                   f"{sim.SIM_INSTRUCTION}")
+    assert sim.simulator_text(note) == f"{NOTE_HEADER}\n\n{note}\n\n{sim.SIM_INSTRUCTION}"
+    alone = sim.simulator_text(None, rationale)
+    assert alone == f"{NOTE_HEADER}\n\n<think>\n{rationale}\n</think>\n\n{sim.SIM_INSTRUCTION}"
+    assert alone == sim.simulator_text(note, rationale).replace(f"{note}\n\n", "")
+
+
+def test_the_rationale_only_input_leaves_app_k_answers_as_they_were(tok):
+    """The rationale-only texts are answered in a call of their own: App. K's two inputs are batched as
+    before, so their answers are those of the two-input call, and the third input is the rationale alone."""
+    model = _model(tok, seed=1)
+    rows = sim.predict(model, tok, TRACES, INVENTORY, max_new_tokens=6, batch_size=2, keep_text=True)
+    texts = [sim.simulator_text(NOTES[n], REASONING[n]) for n in NOTES] + [sim.simulator_text(NOTES[n]) for n in NOTES]
+    two_inputs = sim.greedy_answers(model, tok, texts, max_new_tokens=6, batch_size=2)
+    assert [r["with_rationale_text"] for r in rows] + [r["note_only_text"] for r in rows] == two_inputs
+    alone = sim.greedy_answers(model, tok, [sim.simulator_text(None, REASONING[n]) for n in NOTES],
+                               max_new_tokens=6, batch_size=2)
+    assert [r["rationale_only_text"] for r in rows] == alone
+
+
 def test_parse_codes_is_app_k_rule():
     assert sim.parse_codes('["n18.9", "N189", "X99.9", 3, "E11.9"]', INVENTORY) == ["N18.9", "E11.9"]
     assert sim.parse_codes('["N18.9"] then ["I10.0"]', INVENTORY) == ["I10.0"]
@@ -138,9 +165,10 @@ def test_predict_rows_feed_las(tok):
     rows = sim.predict(_model(tok, seed=1), tok, TRACES, INVENTORY, max_new_tokens=6, batch_size=2, keep_text=True)
     assert [r["note_id"] for r in rows] == ["n1", "n2", "n3"]
     for r in rows:
-        assert set(r) == {"note_id", "with_rationale", "note_only", "with_rationale_text", "note_only_text"}
-        assert all(c in INVENTORY for c in r["with_rationale"] + r["note_only"])
-    values = fidelity.las_per_note([r["with_rationale"] for r in rows], [r["note_only"] for r in rows],
+        assert set(r) == {"note_id", "with_rationale", "note_only", "rationale_only", "with_rationale_text",
+                          "note_only_text", "rationale_only_text"}
+        assert all(c in INVENTORY for c in r["with_rationale"] + r["note_only"] + r["rationale_only"])
+    values = fidelity.simulatability_gain_per_note([r["with_rationale"] for r in rows], [r["note_only"] for r in rows],
                                    [ANSWERS[r["note_id"]] for r in rows])
     assert len(values) == 3 and all(-1.0 <= v <= 1.0 for v in values)
 
@@ -162,10 +190,10 @@ def test_memorised_simulator_gives_hand_computed_las(tok, tmp_path):
     preds = sim.predict(model, tok, TRACES[:2], INVENTORY, max_new_tokens=16)
     assert [p["with_rationale"] for p in preds] == [ANSWERS["n1"], ANSWERS["n2"]]
     assert [p["note_only"] for p in preds] == [guesses["n1"], guesses["n2"]]
-    values = fidelity.las_per_note([p["with_rationale"] for p in preds], [p["note_only"] for p in preds],
+    values = fidelity.simulatability_gain_per_note([p["with_rationale"] for p in preds], [p["note_only"] for p in preds],
                                    [ANSWERS["n1"], ANSWERS["n2"]])
     assert values == pytest.approx([1.0, 1 / 3])
-    assert fidelity.las([p["with_rationale"] for p in preds], [p["note_only"] for p in preds],
+    assert fidelity.simulatability_gain([p["with_rationale"] for p in preds], [p["note_only"] for p in preds],
                         [ANSWERS["n1"], ANSWERS["n2"]]) == pytest.approx(2 / 3)
 
 
@@ -178,7 +206,7 @@ def test_simulator_trained_on_traces_returns_the_teachers_answers(tok, tmp_path)
     preds = sim.predict(model, tok, TRACES[:2], INVENTORY, max_new_tokens=16)
     for p in preds:
         assert p["with_rationale"] == p["note_only"] == ANSWERS[p["note_id"]]
-    assert fidelity.las_per_note([p["with_rationale"] for p in preds], [p["note_only"] for p in preds],
+    assert fidelity.simulatability_gain_per_note([p["with_rationale"] for p in preds], [p["note_only"] for p in preds],
                                  [ANSWERS[p["note_id"]] for p in preds]) == [0.0, 0.0]
 
 

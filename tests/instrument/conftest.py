@@ -6,6 +6,7 @@ import importlib.util
 import json
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 from tokenizers import Tokenizer
@@ -150,3 +151,23 @@ def world(tmp_path_factory, qwen_model, tokenizer):
     faithfulness = run_knockin(cfg, params, **kw)
     selftest = run_selftest(cfg, params, **kw)
     return tmp_path, cfg, params, events, calibration, faithfulness, selftest
+
+
+def write_proxy_rows(hd_dir: Path, proxy_dir: Path, seed: int = 0) -> None:
+    """A proxy.npz beside each note's attr.npz (stage HD-001-proxy's layout), its c the first-order importance
+    plus noise: the test world's prompts are not the frozen layout the pass realises events on."""
+    from mistill.instrument.proxy_readout import ARTIFACT, DECISION_KINDS, occurrences_within_kind
+    from mistill.io import read_npz, write_npz
+
+    rng = np.random.default_rng(seed)
+    for attr in sorted(Path(hd_dir).glob("*/attr.npz")):
+        arrays = read_npz(attr)
+        rows = [{"kind": str(k), "pos": int(p)} for k, p in zip(arrays["kinds"], arrays["positions"])]
+        keep = np.asarray([r["kind"] in DECISION_KINDS for r in rows], dtype=bool)
+        c = arrays["first_order"][keep] + rng.normal(0, 0.1, arrays["first_order"][keep].shape)
+        write_npz(Path(proxy_dir) / attr.parent.name / ARTIFACT, kinds=arrays["kinds"][keep],
+                  positions=arrays["positions"][keep],
+                  occurrence=np.asarray(occurrences_within_kind(rows), dtype=np.int64)[keep],
+                  c=c.astype(np.float32), m=np.zeros_like(c, dtype=np.float32),
+                  margin=np.ones(int(keep.sum()), dtype=np.float32),
+                  target_logit=np.full(int(keep.sum()), 20.0, dtype=np.float32))

@@ -35,6 +35,10 @@ def test_head_sets_top_bottom_random_own():
     again = head_set_masks(phase="P1", note_id="n", bins=[2], global_scores=scores, own_scores=None,
                            n_layers=2, n_heads=3, seed=0)
     assert torch.equal(again[("random", 2)], masks[("random", 2)])
+    one = head_set_masks(phase="P1", note_id="n", bins=[1], global_scores=scores, own_scores=own,
+                         n_layers=2, n_heads=3, seed=0)     # k = 1: the bottom head alone, head 1
+    assert one[("bottom", 1)].flatten().nonzero().flatten().tolist() == [1]
+    assert one[("top", 1)].flatten().nonzero().flatten().tolist() == [2]
 
 
 def _row(clean, corr, full, top, rnd, abl_top, abl_rnd):

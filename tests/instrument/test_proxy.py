@@ -13,7 +13,8 @@ from mistill.distill.objective import contribution, event_margins, margin_direct
 from mistill.distill.pooled_attention import SupervisedRows
 from mistill.distill.targets import competitor_strings
 from mistill.errors import UserError
-from mistill.instrument.proxy import head_contributions, note_proxy, proxy_faithfulness
+from mistill.instrument.proxy import head_contributions, note_proxy
+from mistill.instrument.proxy_readout import DECISION_KINDS, dla_vs_first_order, proxy_faithfulness
 from mistill.models.architectures import TinyArchitecture, build_model
 from mistill.models.tokenizers import CompactTokenizer, build_remap, qwen3_tokenizer
 from mistill.world.prompt import build_prompt
@@ -47,14 +48,13 @@ def test_head_contributions_weighted_by_a_pool_give_the_pool_contribution():
     assert per_head[1, 0].item() == pytest.approx(float(writes[1, 0] @ direction[1]) / 0.1, rel=1e-5)
 
 
-def test_per_head_c_and_m_equal_eager_attention_by_hand(tiny):
-    """Each head's write rebuilt from HF's eager attention probabilities and the layer's own V and W_O."""
-    model, tok, prompt, events, proxy = tiny
+def _by_hand(model, tok, prompt, events, ev):
+    """Every head's c and m at one realised event, from HF's eager attention probabilities and the layer's
+    own V and W_O: the write z_h W_O^h projected on the margin direction, over max(|margin|, 0.1); and the
+    decided token's logit."""
     axis = bk.build_axis(prompt, COMPLETION)
     view = note_view(tok, axis, events, competitor_strings(tok, events))
-    p2c = [ev for ev in view.realized if ev.kind == "P2C"]
-    assert len(p2c) == 1 and proxy["c"].shape == (1, N_LAYERS, N_HEADS)
-    ev, event = p2c[0], events[p2c[0].index]
+    event = events[ev.index]
     final_in = {}
     handle = model.model.norm.register_forward_pre_hook(lambda m, a: final_in.setdefault("x", a[0]))
     with torch.no_grad():
@@ -67,7 +67,8 @@ def test_per_head_c_and_m_equal_eager_attention_by_hand(tiny):
     direction = margin_direction(h, model.model.norm.weight, model.model.norm.variance_epsilon,
                                  model.lm_head.weight, target, comps, logits)
     carved = view.tokens.carved_index(bk.carve_ranges(axis, event))
-    region = bk.region_mask(axis, event, True)
+    region = bk.region_mask(axis, event, ev.kind != "P1")
+    c, m = np.zeros((N_LAYERS, N_HEADS)), np.zeros((N_LAYERS, N_HEADS))
     with torch.no_grad():
         for layer_i, layer in enumerate(model.model.layers):
             attn = layer.self_attn
@@ -78,11 +79,40 @@ def test_per_head_c_and_m_equal_eager_attention_by_hand(tiny):
                 probs = out.attentions[layer_i][0, head, ev.row]
                 z = probs @ v[:, head // (N_HEADS // 2)]
                 write = z @ w_o[:, head * attn.head_dim:(head + 1) * attn.head_dim].T
-                c = float(write @ direction[0]) / max(abs(float(margin[0])), 0.1)
-                m = float((bk.pool_rows_numpy(probs.numpy(), carved, axis.n_buckets) * region).sum())
-                assert proxy["c"][0, layer_i, head] == pytest.approx(c, abs=2e-5)
-                assert proxy["m"][0, layer_i, head] == pytest.approx(m, abs=2e-6)
-    assert proxy["positions"].tolist() == [ev.row + 1] and proxy["occurrence"].tolist() == [0]
+                c[layer_i, head] = float(write @ direction[0]) / max(abs(float(margin[0])), 0.1)
+                m[layer_i, head] = float((bk.pool_rows_numpy(probs.numpy(), carved, axis.n_buckets) * region).sum())
+    return c, m, float(logits[0, ev.target_id])
+
+
+def test_per_head_c_and_m_equal_eager_attention_by_hand(tiny):
+    model, tok, prompt, events, proxy = tiny
+    view = note_view(tok, bk.build_axis(prompt, COMPLETION), events, competitor_strings(tok, events))
+    p2c = [ev for ev in view.realized if ev.kind == "P2C"]
+    assert len(p2c) == 1 and proxy["c"].shape == (1, N_LAYERS, N_HEADS)
+    c, m, logit = _by_hand(model, tok, prompt, events, p2c[0])
+    assert proxy["target_logit"][0] == pytest.approx(logit, abs=1e-5)
+    np.testing.assert_allclose(proxy["c"][0], c, atol=2e-5)
+    np.testing.assert_allclose(proxy["m"][0], m, atol=2e-6)
+    assert proxy["positions"].tolist() == [p2c[0].row + 1] and proxy["occurrence"].tolist() == [0]
+    assert proxy["kinds"].tolist() == ["P2C"]
+
+
+def test_every_decision_phase_by_hand_and_its_p2c_rows_as_the_p2c_pass(tiny):
+    """The full run's pass (P1, P2 and P2C): each event's c and m by hand, P1's region its chapter's lines;
+    its P2C rows are the P2C-only pass's."""
+    model, tok, prompt, events, p2c_only = tiny
+    every = note_proxy(model, tok, prompt, COMPLETION, events, kinds=DECISION_KINDS, note_id="n1")
+    view = note_view(tok, bk.build_axis(prompt, COMPLETION), events, competitor_strings(tok, events))
+    assert sorted(set(every["kinds"].tolist())) == ["P1", "P2", "P2C"]
+    assert every["kinds"].tolist() == [ev.kind for ev in view.realized if ev.kind in DECISION_KINDS]
+    for i, ev in enumerate(ev for ev in view.realized if ev.kind in DECISION_KINDS):
+        c, m, logit = _by_hand(model, tok, prompt, events, ev)
+        assert every["target_logit"][i] == pytest.approx(logit, abs=1e-5)
+        np.testing.assert_allclose(every["c"][i], c, atol=2e-5)
+        np.testing.assert_allclose(every["m"][i], m, atol=2e-6)
+    at = every["kinds"] == "P2C"
+    np.testing.assert_allclose(every["c"][at], p2c_only["c"], atol=1e-6)
+    assert every["positions"][at].tolist() == p2c_only["positions"].tolist()
 
 
 def test_pooled_with_a_pool_weights_they_are_the_distillation_targets_m_and_c(tiny):
@@ -110,8 +140,9 @@ def test_pooled_with_a_pool_weights_they_are_the_distillation_targets_m_and_c(ti
     assert proxy["margin"][0] == pytest.approx(float(mech["P2C"]["margin"][0]), abs=1e-5)
 
 
-def _proxy(positions, occurrence, c, m, margin):
-    return {"positions": np.asarray(positions), "occurrence": np.asarray(occurrence),
+def _proxy(positions, occurrence, c, m, margin, kinds=None):
+    return {"kinds": np.asarray(kinds or ["P2C"] * len(positions)),
+            "positions": np.asarray(positions), "occurrence": np.asarray(occurrence),
             "c": np.asarray(c, dtype=float).reshape(len(positions), 2, 2),
             "m": np.asarray(m, dtype=float).reshape(len(positions), 2, 2), "margin": np.asarray(margin, dtype=float)}
 
@@ -149,3 +180,31 @@ def test_readout_by_hand_and_against_scipy():
     assert got["magnitude_ratio"] == pytest.approx(dla / (1.8 + 0.9 + 0.4))
     with pytest.raises(UserError, match="no proxy row"):
         proxy_faithfulness({"b": [{**rows["b"][0], "occurrence": 1}]}, proxies)
+
+
+def test_dla_against_first_order_by_hand_and_against_scipy():
+    """Events matched by (kind, position, occurrence within the kind); NULL rows ignored; a constant vector
+    has no correlation; an event the proxy pass did not realise is counted, not guessed."""
+    fo = np.array([[1.0, 0.5, -0.2, 0.1],     # NULL: ignored
+                   [0.3, 0.2, 0.1, 0.0],      # P1 at 5
+                   [0.4, -0.1, 0.2, 0.3],     # P2C at 9, first sibling
+                   [0.2, 0.2, 0.2, 0.2],      # P2C at 9, second sibling: constant first-order
+                   [0.1, 0.0, 0.3, -0.2]])    # P2 at 12: no proxy row
+    attr = {"kinds": np.array(["NULL", "P1", "P2C", "P2C", "P2"]), "positions": np.array([3, 5, 9, 9, 12]),
+            "first_order": fo.reshape(5, 2, 2)}
+    c_p1, c_p2c = [0.0, 0.1, 0.3, 0.1], [0.2, 0.05, 0.1, 0.4]
+    # the proxy rows in another order than the attribution rows: matching is by key, not by index
+    proxies = {"a": _proxy([9, 5, 9], [1, 0, 0], [[1.0, 2.0, 3.0, 4.0], c_p1, c_p2c], [[0.0] * 4] * 3, [1.0] * 3,
+                           kinds=["P2C", "P1", "P2C"])}
+    got = dla_vs_first_order({"a": attr}, proxies)
+    r_p1 = stats.pearsonr(c_p1, fo[1]).statistic
+    r_p2c = stats.pearsonr(c_p2c, fo[2]).statistic
+    assert got["events"] == 2 and got["without_correlation"] == 1 and got["unmatched"] == 1
+    assert got["median"] == pytest.approx(np.median([r_p1, r_p2c]))
+    assert got["median_by_kind"] == {"P1": pytest.approx(r_p1), "P2": None, "P2C": pytest.approx(r_p2c)}
+    # scaling an event's c by a positive constant (its margin floor) leaves its Pearson unchanged
+    scaled = {"a": {**proxies["a"], "c": proxies["a"]["c"] * np.array([3.0, 0.2, 7.0])[:, None, None]}}
+    assert dla_vs_first_order({"a": attr}, scaled)["median"] == pytest.approx(got["median"])
+    with pytest.raises(UserError, match="no proxy.npz"):
+        dla_vs_first_order({"a": attr}, {})
+    assert dla_vs_first_order({"a": attr, "nulls": {**attr, "kinds": np.array(["NULL"] * 5)}}, proxies) == got

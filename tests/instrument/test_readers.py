@@ -15,8 +15,11 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture(scope="module")
-def reader_root(tmp_path_factory, world):
+def reader_root(tmp_path_factory, world, qwen_model, tokenizer):
     """A repository root holding the registry, a params.yaml pointing at the test world, and its HD-001."""
+    from mistill.instrument.isolation import run_isolation
+    from tests.instrument.conftest import write_proxy_rows
+
     tmp_path, cfg, params, *_ = world
     root = tmp_path_factory.mktemp("root")
     shutil.copy(ROOT / "registry.yaml", root / "registry.yaml")
@@ -33,6 +36,11 @@ def reader_root(tmp_path_factory, world):
                            importance_share_layers=[[1, 1]],
                            named_heads={"leader": "l1h3", "contrastive_specialist": "l0h2",
                                         "recurrent": ["l0h3", "l1h0"]})
+    # the isolation pass (App. D; R-C3) on the world, at sizes within its 8 heads
+    demo["isolation"] = {"out_dir": str(tmp_path / "HD-001-isolation"), "bins": [2, 4]}
+    run_isolation(cfg, {**params, "isolation": demo["isolation"]}, model=qwen_model, tokenizer=tokenizer)
+    # the proxy pass (R-C2's direct-logit attribution), where the readers look for it: beside HD-001
+    write_proxy_rows(cfg.out_dir, f"{cfg.out_dir}-proxy")
     (root / "params.yaml").write_text(yaml.safe_dump(all_params))
     return root
 

@@ -65,22 +65,32 @@ def env(tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def project(tmp_path_factory, world, env):
-    """A git + DVC project: the reader stages of dvc.yaml, HD-001/HD-002 under `dvc add`, reproduced."""
-    _, cfg, *_ = world
+def project(tmp_path_factory, world, env, qwen_model, tokenizer):
+    """A git + DVC project: the reader stages of dvc.yaml, HD-001/HD-002, HD-001-isolation and HD-001-proxy under
+    `dvc add`, reproduced."""
+    from mistill.instrument.isolation import run_isolation
+    from tests.instrument.conftest import write_proxy_rows
+
+    _, cfg, params, *_ = world
     proj = tmp_path_factory.mktemp("publish") / "project"
     proj.mkdir()
     for rel in ("registry.yaml", "readers", "results/expected", "paper/templates", ".dvcignore",
-                "src/mistill/instrument/readout.py", "src/mistill/repro/numbers.py", "src/mistill/models/planted.py"):
+                "src/mistill/instrument/readout.py", "src/mistill/instrument/proxy_readout.py",
+                "src/mistill/repro/numbers.py", "src/mistill/models/planted.py"):
         src, dst = ROOT / rel, proj / rel
         dst.parent.mkdir(parents=True, exist_ok=True)
         (shutil.copytree if src.is_dir() else shutil.copy)(src, dst)
     for hd in ("HD-001", "HD-002"):
         shutil.copytree(cfg.out_dir, proj / "artifacts" / hd)
+    isolation = {"out_dir": "artifacts/HD-001-isolation", "bins": [2, 4]}   # the isolation pass (R-C3)
+    run_isolation(cfg, {**params, "isolation": {**isolation, "out_dir": str(proj / isolation["out_dir"])}},
+                  model=qwen_model, tokenizer=tokenizer)
+    write_proxy_rows(cfg.out_dir, proj / "artifacts" / "HD-001-proxy")   # R-C2's direct-logit attribution
 
     all_params = yaml.safe_load((ROOT / "params.yaml").read_text())
     demo = all_params["demo"]
     demo["instrument"]["out_dir"] = "artifacts/HD-001"
+    demo["isolation"] = isolation
     demo["instrument"]["knockin"]["bins"] = list(cfg.bins)
     demo["instrument"]["calibration"].update(pool_k=cfg.pool_k, summary_top_k=cfg.summary_top_k,
                                              recurrence_top_k=cfg.recurrence_top_k)
@@ -102,7 +112,8 @@ def project(tmp_path_factory, world, env):
     _run(GIT + ["init", "-q"], proj, env)
     _run(_dvc("init", "-q"), proj, env)
     shutil.copy(ROOT / ".dvc" / "config", proj / ".dvc" / "config")     # the shipped remote, as shipped
-    _run(_dvc("add", "-q", "artifacts/HD-001", "artifacts/HD-002"), proj, env)
+    _run(_dvc("add", "-q", "artifacts/HD-001", "artifacts/HD-002", "artifacts/HD-001-isolation",
+                   "artifacts/HD-001-proxy"), proj, env)
     _run(_dvc("repro", "-q"), proj, env)
     return proj
 

@@ -104,3 +104,16 @@ def test_macro_names_are_letters_only_stable_and_unique(registry):
     paper_keys = sum(len(v) for v in registry.expected("paper").values.values())
     assert len(names) == len(set(names)) >= paper_keys == 774
     assert all(re.fullmatch(r"[A-Za-z]+", n) for n in names)
+
+
+def test_a_key_named_twice_in_one_mapping_is_refused_naming_it(tmp_path):
+    """YAML keeps the second of two equal keys; a result's second `extra_keys:` would drop its first list."""
+    from mistill.repro.registry import _load_yaml
+
+    path = tmp_path / "registry.yaml"
+    path.write_text("results:\n  R-C1:\n    extra_keys: [a, b]\n    status: demo\n    extra_keys: [c]\n")
+    with pytest.raises(UserError, match=r"line 5 not valid YAML \(key 'extra_keys' appears twice"):
+        _load_yaml(path)
+    # a merge key overrides by design
+    path.write_text("base: &b {status: demo}\nresults:\n  R-C1:\n    <<: *b\n    status: paper\n")
+    assert _load_yaml(path)["results"]["R-C1"] == {"status": "paper"}

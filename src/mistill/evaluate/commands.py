@@ -55,6 +55,7 @@ def cmd_fidelity(args) -> int:
     import numpy as np
 
     from mistill.evaluate import fidelity as fd
+    from mistill.evaluate.leakage_adjusted import leakage_adjusted, leaks
     from mistill.io import provenance, write_json
 
     params = _params()
@@ -62,6 +63,7 @@ def cmd_fidelity(args) -> int:
     teacher = {r["note_id"]: r for r in _rows(args.teacher_traces or cfg["teacher_traces"], "teacher traces")}
     out: dict = {}
     per_note: dict = {}
+    leakage_section = None
     if args.generations:
         gens = [r for r in _rows(args.generations, "generations") if r["note_id"] in teacher]
         bleu = {r["note_id"]: fd.sentence_bleu4(fd.reasoning_block(r["completion"]),
@@ -91,13 +93,27 @@ def cmd_fidelity(args) -> int:
     if args.simulator:
         sim = _rows(args.simulator, "simulator predictions")
         answers = [teacher[r["note_id"]].get("answer") or [] for r in sim]
-        per_note["las"] = dict(zip([r["note_id"] for r in sim],
-                                   fd.las_per_note([r["with_rationale"] for r in sim], [r["note_only"] for r in sim],
-                                                   answers)))
+        noted = [r["note_id"] for r in sim]
+        gains = fd.simulatability_gain_per_note([r["with_rationale"] for r in sim], [r["note_only"] for r in sim],
+                                                answers)
+        per_note["las"] = dict(zip(noted, gains))   # `las`: App. K's name for its simulatability gain
         out["las"] = float(np.mean(list(per_note["las"].values()))) if sim else float("nan")
+        answered_alone = ["rationale_only" in r for r in sim]
+        if sim and all(answered_alone):
+            leaking = [leaks(r["rationale_only"], a) for r, a in zip(sim, answers)]
+            per_note["leaks"] = dict(zip(noted, leaking))
+            adjusted = leakage_adjusted(gains, leaking)
+            out["las_leakage_adjusted"] = adjusted.value
+            leakage_section = adjusted.as_dict()
+        elif any(answered_alone):
+            raise UserError(f"{args.simulator}: rationale-only answers on {sum(answered_alone)} of {len(sim)} "
+                            "notes; rerun `mistill simulator predict`")
     if not out:
         raise UserError("nothing to compute: give --generations (BLEU-4), --model (PPL) or --simulator (LAS)")
-    write_json(args.out, {"metrics": out, "per_note": per_note, "provenance": provenance({"evaluate": cfg})})
+    record = {"metrics": out, "per_note": per_note}
+    if leakage_section is not None:
+        record["leakage_adjusted"] = leakage_section
+    write_json(args.out, {**record, "provenance": provenance({"evaluate": cfg})})
     print(" ".join(f"{k}={v:.4f}" for k, v in out.items()))
     return 0
 
@@ -192,10 +208,12 @@ def register(subparsers) -> None:
     p.add_argument("--out", required=True, help="output json")
     p.set_defaults(func=cmd_task)
 
-    p = subparsers.add_parser("fidelity", help="teacher-trace PPL, BLEU-4, LAS (App. K)")
+    p = subparsers.add_parser("fidelity", help="teacher-trace PPL, BLEU-4, LAS (App. K's simulatability gain; "
+                                               "Hase et al.'s leakage-adjusted LAS beside it)")
     p.add_argument("--generations", help="the arm's test generations (BLEU-4)")
     p.add_argument("--model", help="the arm's model spec (teacher-trace PPL)")
-    p.add_argument("--simulator", help="jsonl {note_id, with_rationale, note_only} of simulator answers (LAS)")
+    p.add_argument("--simulator", help="jsonl {note_id, with_rationale, note_only[, rationale_only]} of simulator "
+                                       "answers (LAS; with rationale_only, the leakage-adjusted LAS too)")
     p.add_argument("--teacher-traces", help="default: params evaluate.teacher_traces")
     p.add_argument("--notes", help="notes jsonl whose teacher traces the PPL reads (default: params evaluate.test_notes)")
     p.add_argument("--note-ids", help="comma list of note ids instead of --notes")

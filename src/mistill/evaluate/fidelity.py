@@ -8,11 +8,15 @@
       BLEU = BP * exp(1/4 sum_{n=1..4} log p_n),  BP = min(1, exp(1 - r/c)),
   p_n the clipped n-gram precision, r / c the reference / candidate lengths; any p_n = 0
   gives 0 (no smoothing).
-* LAS (leakage-adjusted simulatability, one simulator): per note
-      LAS = F1(sim(note ⊕ r), a_T) - F1(sim(note), a_T),
+* LAS, which App. K computes as a simulatability gain (one simulator): per note
+      gain = F1(sim(note ⊕ r), a_T) - F1(sim(note), a_T),
   r the text inside the arm's reasoning block, a_T the teacher's answer; mean over notes.
-  This module computes LAS from the simulator's two predictions per note; the simulator
-  (fine-tuned once on the teacher's training traces) supplies them.
+  App. K calls it the leakage-adjusted simulatability of Wang et al. (2023b), but nothing in it
+  adjusts for leakage: Hase et al. (2020), who named LAS, also split the notes by whether the
+  rationale alone gives the answer away and average the two groups
+  (`mistill.evaluate.leakage_adjusted`, reported beside it). This module computes the gain from the
+  simulator's two predictions per note; the simulator (fine-tuned once on the teacher's training
+  traces) supplies them.
 """
 
 from __future__ import annotations
@@ -96,14 +100,15 @@ def teacher_forced_nll(model, tokenizer, prompt: str, completion: str) -> list[f
     return (-logp.gather(1, target[:, None])[:, 0]).tolist()
 
 
-def las_per_note(pred_with_rationale: Sequence[Sequence[str]], pred_note_only: Sequence[Sequence[str]],
-                 teacher_answers: Sequence[Sequence[str]]) -> list[float]:
-    """F1(sim(note ⊕ r), a_T) - F1(sim(note), a_T) per note."""
+def simulatability_gain_per_note(pred_with_rationale: Sequence[Sequence[str]], pred_note_only: Sequence[Sequence[str]],
+                                 teacher_answers: Sequence[Sequence[str]]) -> list[float]:
+    """App. K's LAS of each note, a simulatability gain: F1(sim(note ⊕ r), a_T) - F1(sim(note), a_T)."""
     if not (len(pred_with_rationale) == len(pred_note_only) == len(teacher_answers)):
-        raise ValueError("LAS inputs differ in length")
+        raise ValueError("simulatability gain inputs differ in length")
     return [note_f1(w, a) - note_f1(n, a) for w, n, a in zip(pred_with_rationale, pred_note_only, teacher_answers)]
 
 
-def las(pred_with_rationale, pred_note_only, teacher_answers) -> float:
-    values = las_per_note(pred_with_rationale, pred_note_only, teacher_answers)
+def simulatability_gain(pred_with_rationale, pred_note_only, teacher_answers) -> float:
+    """App. K's LAS: the mean over notes of the simulatability gain."""
+    values = simulatability_gain_per_note(pred_with_rationale, pred_note_only, teacher_answers)
     return float(np.mean(values)) if values else 0.0

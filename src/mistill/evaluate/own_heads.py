@@ -213,22 +213,44 @@ def write_realized_events(traces: Sequence[Trace], events_dir: Path, out_dir: Pa
     return {t.note_id: load_events(note_pass.path(t.note_id)) for t in traces if t.note_id not in note_pass.skipped}
 
 
+@dataclass(frozen=True)
+class ChainRun:
+    """One arm and seed's chain: the student and the tokenizers, its settings, and where it writes (HD-S:
+    the own ranking; M6: the readouts on the test notes)."""
+
+    model: object
+    tokenizer: object
+    teacher_tokenizer: object
+    cfg: OwnHeadsConfig
+    inst: InstrumentConfig
+    hd_dir: Path
+    m6_dir: Path
+    params: dict
+    limit: int | None = None
+    force: bool = False
+
+    def realized_test_events(self, traces: Sequence[Trace], *, force: bool = False) -> dict[str, list[Event]]:
+        """The teacher's events of the test notes realised in the student's tokenizer (M6/<note>/events.jsonl)."""
+        return write_realized_events(traces, Path(self.cfg.test_events_dir), self.m6_dir, self.teacher_tokenizer,
+                                     self.tokenizer, self.params, seed=self.cfg.seed, force=force)
+
+
 # ---- (a) the student's own ranking ------------------------------------------------------------------
 
 
-def attribution_stage(model, tokenizer, teacher_tokenizer, cfg: OwnHeadsConfig, inst: InstrumentConfig,
-                      hd_dir: Path, params: dict, *, limit: int | None = None, force: bool = False) -> dict:
+def attribution_stage(run: ChainRun) -> dict:
     """App. C's calibrated attribution pass on the student over the validation traces -> head sets."""
     from mistill.instrument.passes import run_attribution, run_calibration
 
-    traces = load_traces(cfg.validation_traces)[:limit]
-    write_realized_events(traces, Path(cfg.validation_events_dir), hd_dir, teacher_tokenizer, tokenizer, params,
-                          seed=cfg.seed, force=force)
+    traces = load_traces(run.cfg.validation_traces)[:run.limit]
+    write_realized_events(traces, Path(run.cfg.validation_events_dir), run.hd_dir, run.teacher_tokenizer,
+                          run.tokenizer, run.params, seed=run.cfg.seed, force=run.force)
     # the pass's config hash names the checkpoint by its weights, so a retrained arm is recomputed
-    student_cfg = dataclasses.replace(inst, traces=cfg.validation_traces, out_dir=str(hd_dir),
-                                      teacher=f"student weights {weights_fingerprint(model)}")
-    run_attribution(student_cfg, params, model=model, tokenizer=tokenizer, limit=limit, force=force)
-    return run_calibration(student_cfg, params, limit=limit)
+    student_cfg = dataclasses.replace(run.inst, traces=run.cfg.validation_traces, out_dir=str(run.hd_dir),
+                                      teacher=f"student weights {weights_fingerprint(run.model)}")
+    run_attribution(student_cfg, run.params, model=run.model, tokenizer=run.tokenizer, limit=run.limit,
+                    force=run.force)
+    return run_calibration(student_cfg, run.params, limit=run.limit)
 
 
 # ---- (b) knock-in of the own heads on the test notes --------------------------------------------------
@@ -252,28 +274,26 @@ def own_scores(head_sets: dict) -> dict[str, np.ndarray]:
     return {p: phase_scores(head_sets, p) for p in DECISION_KINDS if p in head_sets["phases"]}
 
 
-def knockin_stage(model, tokenizer, teacher_tokenizer, cfg: OwnHeadsConfig, hd_dir: Path, m6_dir: Path,
-                  params: dict, *, limit: int | None = None, force: bool = False) -> dict:
+def knockin_stage(run: ChainRun) -> dict:
     """Own top-k, random-k and bottom-k knocked into the next test note's context (App. K, M4)."""
     from mistill.instrument.global_sets import load_head_sets
     from mistill.instrument.hook import HeadHook
     from mistill.instrument.knockin import faithfulness_note, summarize
 
-    head_sets_path = hd_dir / "head_sets_contrast.json"
+    head_sets_path = run.hd_dir / "head_sets_contrast.json"
     scores = own_scores(load_head_sets(head_sets_path))
-    traces = test_traces(cfg, limit)
-    events = write_realized_events(traces, Path(cfg.test_events_dir), m6_dir, teacher_tokenizer, tokenizer, params,
-                                   seed=cfg.seed, force=force)
+    traces = test_traces(run.cfg, run.limit)
+    events = run.realized_test_events(traces, force=run.force)
     notes = [t for t in traces if t.note_id in events]
-    hook = HeadHook(model)
+    hook = HeadHook(run.model)
     n_total = hook.n_layers * hook.n_heads
-    bins = [k for k in cfg.bins if k <= n_total]
+    bins = [k for k in run.cfg.bins if k <= n_total]
     if not bins:
-        raise UserError(f"evaluate.own_heads.bins {list(cfg.bins)}: none fits the model's {n_total} heads")
+        raise UserError(f"evaluate.own_heads.bins {list(run.cfg.bins)}: none fits the model's {n_total} heads")
     # the ranking itself, not the head-sets file's bytes (its provenance names the code version)
     ranking = json.dumps({p: v.tolist() for p, v in sorted(scores.items())})
-    digest = _digest(cfg.digest(), ranking, weights_fingerprint(model))
-    note_pass = NotePass("own-knockin", m6_dir, "patch2.jsonl", read_jsonl, force, digest)
+    digest = _digest(run.cfg.digest(), ranking, weights_fingerprint(run.model))
+    note_pass = NotePass("own-knockin", run.m6_dir, "patch2.jsonl", read_jsonl, run.force, digest)
     try:
         for n, trace in enumerate(tqdm(notes, desc="own-heads knock-in", unit="note")):
             if not note_pass.shard.owns(n):
@@ -282,35 +302,37 @@ def knockin_stage(model, tokenizer, teacher_tokenizer, cfg: OwnHeadsConfig, hd_d
             donor = notes[(n + 1) % len(notes)]  # App. K: the donor is the next test note; wrap
             # the note's patches read its trace, its donor's trace and the realised events of both
             key = inputs_sha256(trace.prompt, trace.completion, donor.note_id, donor.prompt, donor.completion,
-                                m6_dir / trace.note_id / "events.jsonl", m6_dir / donor.note_id / "events.jsonl")
+                                run.m6_dir / trace.note_id / "events.jsonl",
+                                run.m6_dir / donor.note_id / "events.jsonl")
             if note_pass.needs(trace.note_id, key):
                 if donor.note_id == trace.note_id:
                     note_pass.skip(trace.note_id, "no other test note to serve as the corrupted run")
                     continue
-                _, ids, _, _ = model_input(tokenizer, trace)
-                _, donor_ids, _, _ = model_input(tokenizer, donor)
+                _, ids, _, _ = model_input(run.tokenizer, trace)
+                _, donor_ids, _, _ = model_input(run.tokenizer, donor)
                 rows = faithfulness_note(
-                    model, hook, note_id=trace.note_id, clean_ids=ids, clean_events=events[trace.note_id],
+                    run.model, hook, note_id=trace.note_id, clean_ids=ids, clean_events=events[trace.note_id],
                     donor_id=donor.note_id, donor_ids=donor_ids, donor_events=events[donor.note_id],
-                    global_scores=scores, own_scores={p: None for p in scores}, bins=bins, seed=cfg.seed,
-                    max_batch=cfg.max_batch, donor_match=cfg.donor_match)
+                    global_scores=scores, own_scores={p: None for p in scores}, bins=bins, seed=run.cfg.seed,
+                    max_batch=run.cfg.max_batch, donor_match=run.cfg.donor_match)
                 commit_artifact(path, lambda p, rows=rows: write_jsonl(p, rows),
                                 {"donor": donor.note_id, "bins": bins, "heads_from": str(head_sets_path),
                                  "config_sha256": digest, "inputs_sha256": key,
-                                 "provenance": provenance(params, cfg.seed)})
+                                 "provenance": provenance(run.params, run.cfg.seed)})
                 note_pass.computed += 1
     finally:
         hook.remove()
-    note_pass.finish(params)
+    note_pass.finish(run.params)
     rows_by_note = {t.note_id: read_jsonl(note_pass.path(t.note_id)) for t in notes
                     if t.note_id not in note_pass.skipped}
-    summary = summarize(rows_by_note, bins=bins, min_range=cfg.min_range)
+    summary = summarize(rows_by_note, bins=bins, min_range=run.cfg.min_range)
     summary.update(bins=bins, n_heads_total=n_total, heads_from=str(head_sets_path),
                    notes=list(rows_by_note), set_kinds={"top": "own top-k by I_c (validation traces)",
                                                         "random": "count-matched random, per note and bin",
                                                         "bottom": "own bottom-k by I_c"})
     if note_pass.shard.leader:
-        write_json(m6_dir / "faithfulness2.json", {**summary, "provenance": provenance(params, cfg.seed)})
+        write_json(run.m6_dir / "faithfulness2.json",
+                   {**summary, "provenance": provenance(run.params, run.cfg.seed)})
     return summary
 
 
@@ -332,51 +354,49 @@ def readside_panels(scores: dict[str, np.ndarray], k: int, n_layers: int, n_head
     return panels
 
 
-def readside_stage(model, tokenizer, teacher_tokenizer, cfg: OwnHeadsConfig, hd_dir: Path, m6_dir: Path,
-                   params: dict, *, limit: int | None = None, force: bool = False) -> dict:
+def readside_stage(run: ChainRun) -> dict:
     """M2, M3 and prefix share of the own top-k per phase on the test notes -> readside.json."""
     from mistill.instrument.global_sets import load_head_sets
     from mistill.instrument.readside import ReadEvent, note_layout, read_note, summarize_panels
 
-    sets = load_head_sets(hd_dir / "head_sets_contrast.json")
+    sets = load_head_sets(run.hd_dir / "head_sets_contrast.json")
     L, H = sets["n_layers"], sets["n_heads"]
-    panels = readside_panels(own_scores(sets), cfg.readside_k, L, H, cfg.seed, cfg.readside_phases)
+    panels = readside_panels(own_scores(sets), run.cfg.readside_k, L, H, run.cfg.seed, run.cfg.readside_phases)
     heads = sorted({h for by in panels.values() for hs in by.values() for h in hs})
     pairs = [(h // H, h % H) for h in heads]
-    digest = _digest(cfg.digest(), json.dumps(panels, sort_keys=True), weights_fingerprint(model))
-    note_pass = NotePass("readside", m6_dir, "readside.jsonl", read_jsonl, force, digest)
-    traces = test_traces(cfg, limit)
-    realized = write_realized_events(traces, Path(cfg.test_events_dir), m6_dir, teacher_tokenizer, tokenizer,
-                                     params, seed=cfg.seed)
+    digest = _digest(run.cfg.digest(), json.dumps(panels, sort_keys=True), weights_fingerprint(run.model))
+    note_pass = NotePass("readside", run.m6_dir, "readside.jsonl", read_jsonl, run.force, digest)
+    traces = test_traces(run.cfg, run.limit)
+    realized = run.realized_test_events(traces)
     read = [t for t in traces if t.note_id in realized]
     for trace in tqdm(note_pass.shard.mine(read), desc="read side", unit="note"):
         path = note_pass.path(trace.note_id)
-        key = inputs_sha256(trace.prompt, trace.completion, m6_dir / trace.note_id / "events.jsonl")
+        key = inputs_sha256(trace.prompt, trace.completion, run.m6_dir / trace.note_id / "events.jsonl")
         if note_pass.needs(trace.note_id, key):
-            text, ids, offsets, completion_at = model_input(tokenizer, trace)
+            text, ids, offsets, completion_at = model_input(run.tokenizer, trace)
             layout = note_layout(text, offsets, trace.prompt, completion_at)
             events = [ReadEvent(e.kind, e.pos, e.anchor, e.code, e.prefix or "", e.near_miss)
                       for e in realized[trace.note_id] if e.kind in panels]
-            rows = read_note(model, ids, layout, events, pairs)
+            rows = read_note(run.model, ids, layout, events, pairs)
             commit_artifact(path, lambda p, rows=rows: write_jsonl(p, rows),
                             {"panels": panels, "config_sha256": digest, "inputs_sha256": key,
-                             "provenance": provenance(params, cfg.seed)})
+                             "provenance": provenance(run.params, run.cfg.seed)})
             note_pass.computed += 1
-    note_pass.finish(params)
+    note_pass.finish(run.params)
     rows_by_note = {t.note_id: read_jsonl(note_pass.path(t.note_id)) for t in read}
     summary = summarize_panels(rows_by_note, panels)
-    body = {"k": min(cfg.readside_k, L * H), "panels": panels, "phases": summary,
-            "heads_from": str(hd_dir / "head_sets_contrast.json"), "provenance": provenance(params, cfg.seed)}
+    body = {"k": min(run.cfg.readside_k, L * H), "panels": panels, "phases": summary,
+            "heads_from": str(run.hd_dir / "head_sets_contrast.json"),
+            "provenance": provenance(run.params, run.cfg.seed)}
     if note_pass.shard.leader:
-        write_json(m6_dir / "readside.json", body)
+        write_json(run.m6_dir / "readside.json", body)
     return body
 
 
 # ---- (d) the trace edits on the student ---------------------------------------------------------------
 
 
-def edits_stage(model, tokenizer, teacher_tokenizer, cfg: OwnHeadsConfig, hd_dir: Path, m6_dir: Path,
-                params: dict, *, limit: int | None = None, force: bool = False) -> dict:
+def edits_stage(run: ChainRun) -> dict:
     """App. E's prefix edits at the student's realised P2C events of the test notes, mediated by the arm's
     own top-2 P2C heads -> <note>/prefix_edit.jsonl, prefix_edit.json."""
     from mistill.instrument.edits import (
@@ -392,44 +412,43 @@ def edits_stage(model, tokenizer, teacher_tokenizer, cfg: OwnHeadsConfig, hd_dir
     from mistill.instrument.read_passes import ReadSide
     from mistill.world.inventory import load_inventory
 
-    edits = ReadSide.from_params(params).edits
-    sets = load_head_sets(hd_dir / "head_sets_contrast.json")
+    edits = ReadSide.from_params(run.params).edits
+    sets = load_head_sets(run.hd_dir / "head_sets_contrast.json")
     H = sets["n_heads"]
     top = np.argsort(-own_scores(sets)["P2C"], kind="stable")[:2]
     mediation = tuple((int(h) // H, int(h) % H) for h in top)
-    settings = EditSettings(filler_id=filler_token_id(tokenizer, edits.filler), mediation_heads=mediation,
-                            seed=cfg.seed, max_events=edits.max_events_per_note)
-    codes = [c.code for c in load_inventory((params.get("instrument") or {})["inventory"])]
-    digest = _digest(cfg.digest(), json.dumps(dataclasses.asdict(settings)), weights_fingerprint(model))
-    note_pass = NotePass("edits", m6_dir, "prefix_edit.jsonl", read_jsonl, force, digest)
-    traces = test_traces(cfg, limit)
-    realized = write_realized_events(traces, Path(cfg.test_events_dir), m6_dir, teacher_tokenizer, tokenizer,
-                                     params, seed=cfg.seed)
+    settings = EditSettings(filler_id=filler_token_id(run.tokenizer, edits.filler), mediation_heads=mediation,
+                            seed=run.cfg.seed, max_events=edits.max_events_per_note)
+    codes = [c.code for c in load_inventory((run.params.get("instrument") or {})["inventory"])]
+    digest = _digest(run.cfg.digest(), json.dumps(dataclasses.asdict(settings)), weights_fingerprint(run.model))
+    note_pass = NotePass("edits", run.m6_dir, "prefix_edit.jsonl", read_jsonl, run.force, digest)
+    traces = test_traces(run.cfg, run.limit)
+    realized = run.realized_test_events(traces)
     edited = [t for t in traces if t.note_id in realized]
-    hook = HeadHook(model)
+    hook = HeadHook(run.model)
     try:
         for trace in tqdm(note_pass.shard.mine(edited), desc="edits", unit="note"):
-            key = inputs_sha256(trace.prompt, trace.completion, m6_dir / trace.note_id / "events.jsonl")
+            key = inputs_sha256(trace.prompt, trace.completion, run.m6_dir / trace.note_id / "events.jsonl")
             if not note_pass.needs(trace.note_id, key):
                 continue
-            note = NoteInput.from_trace(tokenizer, trace)
+            note = NoteInput.from_trace(run.tokenizer, trace)
             events = with_near_miss_spans(note, realized[trace.note_id])
-            pre = prefill(model, hook, note.ids, reserve=edits.pack_tokens)
-            rows = prefix_edit_note(model, hook, pre, note, events, codes=codes, tokenizer=tokenizer,
+            pre = prefill(run.model, hook, note.ids, reserve=edits.pack_tokens)
+            rows = prefix_edit_note(run.model, hook, pre, note, events, codes=codes, tokenizer=run.tokenizer,
                                     settings=settings, pack_tokens=edits.pack_tokens)
             del pre
             commit_artifact(note_pass.path(trace.note_id), lambda p, rows=rows: write_jsonl(p, rows),
                             {"mediation_heads": [list(h) for h in mediation], "config_sha256": digest,
-                             "inputs_sha256": key, "provenance": provenance(params, cfg.seed)})
+                             "inputs_sha256": key, "provenance": provenance(run.params, run.cfg.seed)})
             note_pass.computed += 1
     finally:
         hook.remove()
-    note_pass.finish(params)
+    note_pass.finish(run.params)
     body = {"mediation_heads": [f"l{layer}h{head}" for layer, head in mediation], "filler": edits.filler,
             "notes": [t.note_id for t in edited if t.note_id not in note_pass.skipped],
-            "heads_from": str(hd_dir / "head_sets_contrast.json"), "provenance": provenance(params, cfg.seed)}
+            "heads_from": str(run.hd_dir / "head_sets_contrast.json"), "provenance": provenance(run.params, run.cfg.seed)}
     if note_pass.shard.leader:
-        write_json(m6_dir / "prefix_edit.json", body)
+        write_json(run.m6_dir / "prefix_edit.json", body)
     return body
 
 
@@ -482,20 +501,15 @@ def run_chain(model_spec: str, arm: str, seed: int, params: dict, *, stages: Seq
         from mistill.models.loading import ModelSpec, load_tokenizer
 
         teacher_tokenizer = load_tokenizer(ModelSpec.from_params(params.get("models") or {}, "teacher"))
+    run = ChainRun(model, tokenizer, teacher_tokenizer, cfg, inst, hd_dir, m6_dir, params, limit, force)
+    passes = {"attribute": attribution_stage, "knockin": knockin_stage, "readside": readside_stage,
+              "edits": edits_stage}
     timing: dict[str, float] = {}
     for stage in STAGES:
         if stage not in stages:
             continue
         start = time.perf_counter()
-        if stage == "attribute":
-            attribution_stage(model, tokenizer, teacher_tokenizer, cfg, inst, hd_dir, params, limit=limit,
-                              force=force)
-        elif stage == "knockin":
-            knockin_stage(model, tokenizer, teacher_tokenizer, cfg, hd_dir, m6_dir, params, limit=limit, force=force)
-        elif stage == "readside":
-            readside_stage(model, tokenizer, teacher_tokenizer, cfg, hd_dir, m6_dir, params, limit=limit, force=force)
-        else:
-            edits_stage(model, tokenizer, teacher_tokenizer, cfg, hd_dir, m6_dir, params, limit=limit, force=force)
+        passes[stage](run)
         timing[stage] = time.perf_counter() - start
     # each directory records the stages that write it, so the attribution (HD-S) and the readouts (M6)
     # can be separate pipeline stages with disjoint outputs

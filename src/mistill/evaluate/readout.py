@@ -332,16 +332,20 @@ def run_inputs(seeds: dict[int, ArmSeed]) -> list[Path]:
 
 
 # ---- LAS (stage LAS: <artifacts>/LAS/<label>-s<seed>/las.json, beside the arm's evaluation) ---------------
+# App. K's LAS is a simulatability gain (`mistill.evaluate.fidelity`); the paper's keys keep its name. Hase et
+# al.'s leakage-adjusted LAS (`mistill.evaluate.leakage_adjusted`) is read beside it, a key beyond the paper.
 
 LAS_DIR = "LAS"
+SIMULATABILITY_GAIN = "simulatability gain (App. K's LAS)"
 
 
 def las_path(arm: ArmSeed) -> Path:
     return arm.las_file or arm.path.parent.parent / LAS_DIR / arm.path.name / "las.json"
 
 
-def las_of(arm: ArmSeed) -> tuple[float, dict[str, float]] | None:
-    """(mean LAS over the test notes, per-note LAS) of one evaluated run, or None before stage LAS ran for it."""
+def simulatability_gain_of(arm: ArmSeed) -> tuple[float, dict[str, float]] | None:
+    """(mean simulatability gain over the test notes, per-note gain) of one evaluated run: App. K's LAS; None
+    before stage LAS ran for it."""
     path = las_path(arm)
     if not path.is_file():
         return None
@@ -349,36 +353,56 @@ def las_of(arm: ArmSeed) -> tuple[float, dict[str, float]] | None:
     return float(record["metrics"]["las"]), {k: float(v) for k, v in record["per_note"]["las"].items()}
 
 
-def las_text(arm: ArmSeed) -> str:
-    return (f"LAS: mean over test notes of F1(simulator with the rationale, teacher answer) minus F1(simulator "
-            f"without it), seed {arm.seed}")
+def simulatability_gain_text(arm: ArmSeed) -> str:
+    return (f"{SIMULATABILITY_GAIN}: mean over test notes of F1(simulator with the rationale, teacher answer) minus "
+            f"F1(simulator without it), seed {arm.seed}")
 
 
-def las_minus_reference(key: str, seeds: dict[int, ArmSeed], reference: dict[int, ArmSeed], notes, stats,
-                        what: str) -> dict:
-    """`key`: the paired per-note LAS difference of an arm against a reference row (averaged per note over the
-    seeds whose LAS was measured: params simulator.arms names the runs it reads), bootstrap interval and Wilcoxon;
-    nothing when neither row has a run with LAS yet."""
+def leakage_adjusted_of(arm: ArmSeed) -> dict | None:
+    """Hase et al.'s leakage-adjusted LAS of one evaluated run and its two groups ({value, leaking: {notes,
+    mean_gain}, nonleaking: {...}}); None before stage LAS answered from the rationale alone for it."""
+    path = las_path(arm)
+    if not path.is_file():
+        return None
+    return read_json(path, "LAS").get("leakage_adjusted")
+
+
+def leakage_adjusted_text(arm: ArmSeed, adjusted: dict) -> str:
+    def group(name: str) -> str:
+        n, gain = adjusted[name]["notes"], adjusted[name]["mean_gain"]
+        return f"{n} note{'s' if n != 1 else ''}, gain {gain:.3f}" if gain is not None else "no notes"
+
+    return (f"leakage-adjusted LAS (Hase et al. 2020): the mean of two means of the {SIMULATABILITY_GAIN}, over "
+            f"test notes whose rationale alone gives the simulator the teacher answer ({group('leaking')}) and over "
+            f"the other notes ({group('nonleaking')}), seed {arm.seed}")
+
+
+def simulatability_gain_minus_reference(key: str, seeds: dict[int, ArmSeed], reference: dict[int, ArmSeed], notes,
+                                        stats, what: str) -> dict:
+    """`key`: the paired per-note simulatability-gain (App. K's LAS) difference of an arm against a reference
+    row (averaged per note over the seeds whose gain was measured: params simulator.arms names the runs it reads),
+    bootstrap interval and Wilcoxon; nothing when neither row has a run with LAS yet."""
     from mistill.stats import paired_comparison
 
     def measured(runs: dict[int, ArmSeed]) -> dict[int, tuple]:
-        return {s: las for s, run in runs.items() if (las := las_of(run)) is not None}
+        return {s: gain for s, run in runs.items() if (gain := simulatability_gain_of(run)) is not None}
 
     a, b = measured(seeds), measured(reference)
     if not a or not b:
         return {}
-    c = paired_comparison(*([sum(x[1][n.note_id] for x in las.values()) / len(las) for n in notes] for las in (a, b)),
+    c = paired_comparison(*([sum(x[1][n.note_id] for x in gain.values()) / len(gain) for n in notes] for gain in (a, b)),
                           n_resamples=stats.bootstrap_resamples, seed=stats.bootstrap_seed, confidence=stats.confidence)
     iv = c.mean_difference
     runs = [*(seeds[s] for s in a), *(reference[s] for s in b)]
-    return {key: value(iv.estimate, f"{what}: mean over {c.n} test notes of the per-note LAS difference (seeds "
-                       f"{'/'.join(map(str, a))} against {'/'.join(map(str, b))}, averaged per note), {iv.confidence:.0%} "
-                       f"percentile bootstrap [{iv.low:+.4f}, {iv.high:+.4f}] ({iv.n_resamples} resamples, seed "
-                       f"{iv.seed}); Wilcoxon p {c.wilcoxon.p_value:.3g}", ", ".join(str(las_path(r)) for r in runs))}
+    return {key: value(iv.estimate, f"{what}: mean over {c.n} test notes of the per-note {SIMULATABILITY_GAIN} "
+                       f"difference (seeds {'/'.join(map(str, a))} against {'/'.join(map(str, b))}, averaged per note), "
+                       f"{iv.confidence:.0%} percentile bootstrap [{iv.low:+.4f}, {iv.high:+.4f}] ({iv.n_resamples} "
+                       f"resamples, seed {iv.seed}); Wilcoxon p {c.wilcoxon.p_value:.3g}",
+                       ", ".join(str(las_path(r)) for r in runs))}
 
 
 ROW_CELLS = ("microf1", "microf1_seeds", "valid_rate", *GENERATION_BEHAVIOUR, "bleu4", "trace_ppl", "las",
-             "m1_p1_p2_p2c")
+             "las_leakage_adjusted", "m1_p1_p2_p2c")
 
 
 def row_cell_keys(prefix: str, n_seeds: int) -> list[str]:
@@ -388,7 +412,8 @@ def row_cell_keys(prefix: str, n_seeds: int) -> list[str]:
 
 def row_cells(prefix: str, seeds: dict[int, ArmSeed], notes) -> dict:
     """One Table 2 row: micro-F1 (mean over seeds, s.d. with two or more, per seed), validity and generation
-    behaviour (means over seeds), and the lowest seed's fidelity (BLEU-4, median teacher-trace PPL, LAS) and M1."""
+    behaviour (means over seeds), and the lowest seed's fidelity (BLEU-4, median teacher-trace PPL, LAS: App. K's
+    simulatability gain, and beside it Hase et al.'s leakage-adjusted LAS, beyond the paper) and M1."""
     first = seeds[min(seeds)]
     for arm in seeds.values():
         answers(arm.generations, notes, arm.path / "generations.jsonl")   # every test note generated
@@ -408,9 +433,13 @@ def row_cells(prefix: str, seeds: dict[int, ArmSeed], notes) -> dict:
     if "ppl_median" in first.fidelity:
         out[f"{prefix}_trace_ppl"] = value(first.fidelity["ppl_median"], "median over test notes of teacher-trace "
                                            f"perplexity, {seed}", first.path / "fidelity.json")
-    las = las_of(first)
-    if las is not None:
-        out[f"{prefix}_las"] = value(las[0], las_text(first), las_path(first))
+    gain = simulatability_gain_of(first)
+    if gain is not None:
+        out[f"{prefix}_las"] = value(gain[0], simulatability_gain_text(first), las_path(first))
+    adjusted = leakage_adjusted_of(first)
+    if adjusted is not None:
+        out[f"{prefix}_las_leakage_adjusted"] = value(adjusted["value"], leakage_adjusted_text(first, adjusted),
+                                                      las_path(first))
     shares = m1_shares(first)
     if shares is not None:
         out[f"{prefix}_m1_p1_p2_p2c"] = value(shares, f"{m1_text(first)}, {seed}", first.path / "m1.json")

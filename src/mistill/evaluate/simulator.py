@@ -8,11 +8,14 @@ two inputs, mixed at equal weight:
     sim(note)       the discharge summary alone
 
 and then answers both for every arm's test generation, r being that arm's reasoning block. Per note
+App. K's LAS is the simulatability gain
 
-    LAS = F1(sim(note ⊕ r), a_T) - F1(sim(note), a_T)
+    gain = F1(sim(note ⊕ r), a_T) - F1(sim(note), a_T)
 
-(`mistill.evaluate.fidelity.las_per_note`). The simulator never sees the shortlist (App. K: it
-would add 30k tokens), so its input is the note cut out of the App. B prompt, not the prompt.
+(`mistill.evaluate.fidelity.simulatability_gain_per_note`). The simulator also answers from r alone,
+sim(r), the input of Hase et al.'s leakage test (`mistill.evaluate.leakage_adjusted`): an input it
+was not trained on. The simulator never sees the shortlist (App. K: it would add 30k tokens), so its
+input is the note cut out of the App. B prompt, not the prompt.
 
 * Input: one user turn of the simulator's chat template with thinking off; r sits in the turn
   between `<think>` tags, before the instruction. Target: a_T as a JSON list string, then the
@@ -22,7 +25,7 @@ would add 30k tokens), so its input is the note cut out of the App. B prompt, no
 * Training: the shared trainer (`mistill.distill.trainer`: AdamW, warm-up then cosine, clipping,
   an epoch order fixed by (seed, epoch), resumable checkpoints) with this loss.
 * Prediction: greedy decoding, capped (the answers are short lists). Greedy, not the arms'
-  sampling: the simulator is a fixed function of its input, so the two terms of LAS differ by
+  sampling: the simulator is a fixed function of its input, so the two terms of the gain differ by
   the rationale alone and not by sampling noise; thinking is off, so the looping that rules
   greedy decoding out for the reasoning models (App. J.1) has no block to loop in. The answer
   is App. K's parse (`mistill.world.answers.parse_answer`) of the output as the text after a
@@ -48,7 +51,8 @@ from mistill.world.prompt import ANSWER_SENTENCE, NOTE_HEADER, ROLE_SENTENCE, in
 SIM_TASK_SENTENCE = "Code the discharge summary above with the ICD-10-CM diagnosis codes it supports."
 SIM_INSTRUCTION = " ".join([ROLE_SENTENCE, SIM_TASK_SENTENCE, ANSWER_SENTENCE])
 WITH_RATIONALE, NOTE_ONLY = "with_rationale", "note_only"
-INPUTS = (WITH_RATIONALE, NOTE_ONLY)
+INPUTS = (WITH_RATIONALE, NOTE_ONLY)      # what the simulator is trained on (App. K)
+RATIONALE_ONLY = "rationale_only"         # answered at prediction only: Hase et al.'s leakage test
 
 
 # ---- inputs and targets ----------------------------------------------------------------------------
@@ -68,10 +72,13 @@ def note_of_prompt(prompt: str) -> str:
     return body.rsplit("\n\n", 1)[0].strip()   # another instruction: the last paragraph
 
 
-def simulator_text(note: str, rationale: str | None = None) -> str:
-    """The simulator's user text: the note, the rationale when given, the instruction."""
+def simulator_text(note: str | None, rationale: str | None = None) -> str:
+    """The simulator's user text: the note, the rationale when given, the instruction. Without a note
+    (the rationale-only input) the note's text is left out and the header stays, as Hase et al.'s input
+    dropout blanks the input and keeps the template."""
+    body = f"{note.strip()}\n\n" if note is not None else ""
     reasoning = f"<think>\n{rationale.strip()}\n</think>\n\n" if rationale is not None else ""
-    return f"{NOTE_HEADER}\n\n{note.strip()}\n\n{reasoning}{SIM_INSTRUCTION}"
+    return f"{NOTE_HEADER}\n\n{body}{reasoning}{SIM_INSTRUCTION}"
 
 
 def answer_text(codes: Sequence[str]) -> str:
@@ -272,20 +279,23 @@ def parse_codes(text: str, inventory=None) -> list[str]:
 def predict(model, tokenizer, rows: Sequence[dict], inventory=None, *, max_new_tokens: int = 64,
             batch_size: int = 16, keep_text: bool = False, progress: bool = False) -> list[dict]:
     """For each generation row {note_id, prompt, completion}: the simulator's answer from the note with
-    the row's rationale (its reasoning block) and from the note alone, as
-    {note_id, with_rationale, note_only}: what `mistill evaluate fidelity --simulator` reads.
-    `keep_text` adds the raw outputs (`with_rationale_text`, `note_only_text`)."""
+    the row's rationale (its reasoning block), from the note alone and from the rationale alone, as
+    {note_id, with_rationale, note_only, rationale_only}: what `mistill evaluate fidelity --simulator`
+    reads. `keep_text` adds the raw outputs (`<input>_text`)."""
     notes = [note_of_prompt(r["prompt"]) for r in rows]
-    texts = [simulator_text(n, reasoning_block(r["completion"])) for n, r in zip(notes, rows)]
-    texts += [simulator_text(n) for n in notes]
+    rationales = [reasoning_block(r["completion"]) for r in rows]
+    texts = [simulator_text(n, r) for n, r in zip(notes, rationales)] + [simulator_text(n) for n in notes]
     outputs = greedy_answers(model, tokenizer, texts, max_new_tokens=max_new_tokens, batch_size=batch_size,
                              progress=progress)
-    with_r, alone = outputs[:len(rows)], outputs[len(rows):]
+    # a call of their own: App. K's two inputs share batches exactly as they did before this input was
+    # added, so their answers, and App. K's LAS, do not move by batch rounding
+    leak_outputs = greedy_answers(model, tokenizer, [simulator_text(None, r) for r in rationales],
+                                  max_new_tokens=max_new_tokens, batch_size=batch_size, progress=progress)
+    answers = {WITH_RATIONALE: outputs[:len(rows)], NOTE_ONLY: outputs[len(rows):], RATIONALE_ONLY: leak_outputs}
     result = []
-    for row, w, n in zip(rows, with_r, alone):
-        record = {"note_id": row["note_id"], WITH_RATIONALE: parse_codes(w, inventory),
-                  NOTE_ONLY: parse_codes(n, inventory)}
+    for i, row in enumerate(rows):
+        record = {"note_id": row["note_id"], **{kind: parse_codes(out[i], inventory) for kind, out in answers.items()}}
         if keep_text:
-            record.update({f"{WITH_RATIONALE}_text": w, f"{NOTE_ONLY}_text": n})
+            record.update({f"{kind}_text": out[i] for kind, out in answers.items()})
         result.append(record)
     return result

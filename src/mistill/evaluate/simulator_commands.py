@@ -2,9 +2,10 @@
 
 `train` fine-tunes the simulator once on the teacher's training traces (params `distill.traces`,
 `evaluate.train_notes`; valid traces only); `predict` answers every row of one arm's generations
-from the note with the arm's rationale and from the note alone, and writes the
-{note_id, with_rationale, note_only} rows that `mistill evaluate fidelity --simulator` turns into
-LAS. Settings come from the params section `simulator` (`mistill.evaluate.simulator` has the method).
+from the note with the arm's rationale, from the note alone and from the rationale alone, and writes
+the {note_id, with_rationale, note_only, rationale_only} rows that `mistill evaluate fidelity
+--simulator` turns into App. K's LAS (the simulatability gain) and Hase et al.'s leakage-adjusted LAS.
+Settings come from the params section `simulator` (`mistill.evaluate.simulator` has the method).
 
 Hooked into the CLI as the `simulator` group by `mistill.simulator.commands`.
 """
@@ -127,6 +128,7 @@ def cmd_predict(args) -> int:
         "decoding": {"greedy": True, "max_new_tokens": max_new},
         "empty_with_rationale": sum(not p["with_rationale"] for p in preds),
         "empty_note_only": sum(not p["note_only"] for p in preds),
+        "empty_rationale_only": sum(not p["rationale_only"] for p in preds),
         "provenance": provenance({"simulator": cfg})})
     print(f"simulator: {len(preds)} notes answered -> {out}")
     return 0
@@ -141,7 +143,8 @@ def register(subparsers) -> None:
     p.add_argument("--threads", type=int, help="intra-op threads (default: params models.threads)")
     p.set_defaults(func=cmd_train)
 
-    p = subparsers.add_parser("predict", help="the simulator's answers with and without an arm's rationale")
+    p = subparsers.add_parser("predict", help="the simulator's answers with and without an arm's rationale, and "
+                                              "from the rationale alone")
     p.add_argument("--simulator", required=True, help="a `mistill simulator train` run directory")
     p.add_argument("--generations", required=True, help="trace-format jsonl {note_id, prompt, completion, ...}")
     p.add_argument("--notes", help="answer only these notes (e.g. the test notes of a teacher trace file)")
@@ -149,5 +152,6 @@ def register(subparsers) -> None:
     p.add_argument("--max-new-tokens", type=int, help="default: params simulator.max_new_tokens")
     p.add_argument("--batch", type=int, help="texts per generation batch (default: params simulator.predict_batch)")
     p.add_argument("--threads", type=int, help="intra-op threads (default: params models.threads)")
-    p.add_argument("--out", required=True, help="jsonl {note_id, with_rationale, note_only} (fidelity --simulator)")
+    p.add_argument("--out", required=True,
+                   help="jsonl {note_id, with_rationale, note_only, rationale_only} (fidelity --simulator)")
     p.set_defaults(func=cmd_predict)

@@ -6,7 +6,8 @@
     knockin    necessity and knock-in per bin              -> <out>/<note>/patch2.jsonl, faithfulness2.json
     selftest   attribution fidelity vs exact patching      -> <out>/selftest.json (Table 8)
     all        the five in order, one model load (the HD-001 stage)
-    proxy      every head's c and m at the exactly patched P2C events -> <proxy-dir>/<note>/proxy.npz (R-D20)
+    proxy      every head's c and m at every P1, P2 and P2C event -> <proxy-dir>/<note>/proxy.npz (R-C2, R-D20)
+    isolation  each note's own top-k kept alone, and mean-ablated, at its P1 events -> isolation.out_dir (R-C3)
     intact     events, attribution (graph intact, exact P2) and calibration on the first notes -> intact_rerun.out_dir (R-C8)
     readside   the panel's attention over the 15 key categories at every decision -> read_side.out_dir (R-C5)
     keys       the named heads' named keys blocked at the decision token -> read_side.out_dir (R-C10)
@@ -111,6 +112,18 @@ def _proxy(args) -> int:
     return 0
 
 
+def _isolation(args) -> int:
+    from mistill.instrument.isolation import IsolationSettings, run_isolation
+
+    cfg, params = _config(args)
+    if args.isolation_dir:
+        params = {**params, "isolation": {**(params.get("isolation") or {}), "out_dir": args.isolation_dir}}
+    summary = run_isolation(cfg, params, limit=args.limit, force=args.force)
+    print(f"isolation: {summary['n_notes']} notes, {summary['n_events']} P1 events -> "
+          f"{IsolationSettings.from_params(params).out_dir}")
+    return 0
+
+
 def _intact(args) -> int:
     from mistill.instrument.intact import run_intact
 
@@ -199,8 +212,13 @@ def register(subparsers) -> None:
                                    "patches on the first notes (params intact_rerun; R-C8)")
     _common(parser)
     parser.set_defaults(func=_intact)
-    parser = subparsers.add_parser("proxy", help="every head's contribution proxy c and region mass m at the P2C "
-                                   "events with exact patches (<proxy-dir>/<note>/proxy.npz)")
+    parser = subparsers.add_parser("proxy", help="every head's contribution proxy c and region mass m at every P1, P2 "
+                                   "and P2C event (<proxy-dir>/<note>/proxy.npz)")
     _common(parser)
     parser.add_argument("--proxy-dir", default=None, help="output directory (default: <out-dir>-proxy)")
     parser.set_defaults(func=_proxy)
+    parser = subparsers.add_parser("isolation", help="each note's own top-k heads kept alone, and mean-ablated, at "
+                                   "its P1 events (App. D; <isolation-dir>/<note>/isolation.npz)")
+    _common(parser)
+    parser.add_argument("--isolation-dir", default=None, help="output directory (default: params isolation.out_dir)")
+    parser.set_defaults(func=_isolation)

@@ -54,7 +54,8 @@ def head_set_masks(*, phase: str, note_id: str, bins: Sequence[int], global_scor
     masks = {}
     for key, heads in sets.items():
         mask = torch.zeros(n, dtype=torch.bool)
-        mask[torch.as_tensor(np.ascontiguousarray(heads), dtype=torch.long)] = True
+        # a copy: a one-head slice of the reversed order keeps its negative stride, which torch refuses
+        mask[torch.from_numpy(np.array(heads, dtype=np.int64))] = True
         masks[key] = mask.view(n_layers, n_heads)
     return masks
 

@@ -177,5 +177,10 @@ def instrument_dir(params: dict) -> Path:
     return Path(section.get("out_dir", "artifacts/HD-001"))
 
 
+def proxy_dir(params: dict) -> Path:
+    """Where the proxy pass (stage HD-001-proxy) writes each note's proxy.npz."""
+    return Path(f"{instrument_dir(params)}-proxy")
+
+
 def active_params(profile: str | None) -> dict:
     return load_params(profile=profile)

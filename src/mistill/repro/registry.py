@@ -31,6 +31,27 @@ CLASSES = ("G", "K", "T", "F", "none")
 KINDS = ("share", "percent", "nats", "count", "discrete", "quantity", "p_value")
 # libyaml's loader when present: the paper's 774 values parse ten times faster.
 SAFE_LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+
+
+class UniqueKeyLoader(SAFE_LOADER):
+    """YAML keeps the last of two equal keys in one mapping and drops the first without a word (a second
+    `extra_keys:` of a result would replace its list): such a file is refused, naming the key."""
+
+
+def _mapping_without_repeated_keys(loader, node, deep=False):
+    seen = set()
+    for key_node, _ in node.value:
+        if key_node.tag == "tag:yaml.org,2002:merge":      # `<<: *anchor` overrides by design
+            continue
+        key = loader.construct_object(key_node, deep=True)
+        if key in seen:
+            raise yaml.constructor.ConstructorError(None, None, f"key {key!r} appears twice in one mapping",
+                                                    key_node.start_mark)
+        seen.add(key)
+    return loader.construct_mapping(node, deep=deep)
+
+
+UniqueKeyLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _mapping_without_repeated_keys)
 KEY_PATTERN = re.compile(r"^[a-z][a-z0-9_]*$")
 RESULT_FIELDS = ("group", "where", "claim", "data", "stage", "reader", "params", "seeds", "compute",
                  "nondeterminism", "status")
@@ -336,11 +357,12 @@ def _load_yaml(path: Path) -> dict[str, Any]:
         raise UserError(f"{path}: no such file (run from the repository root)")
     try:
         with path.open(encoding="utf-8") as fh:
-            data = yaml.load(fh, Loader=SAFE_LOADER)
+            data = yaml.load(fh, Loader=UniqueKeyLoader)
     except yaml.YAMLError as err:
         mark = getattr(err, "problem_mark", None)
         line = f" line {mark.line + 1}" if mark is not None else ""
-        raise UserError(f"{path}:{line} not valid YAML") from None
+        problem = getattr(err, "problem", None)
+        raise UserError(f"{path}:{line} not valid YAML" + (f" ({problem})" if problem else "")) from None
     if not isinstance(data, dict):
         raise UserError(f"{path}: expected a YAML mapping at top level")
     return data

@@ -1,5 +1,5 @@
 """Statistics over head rankings: recurrence, Spearman, top-k overlap, split-half
-stability, pooled weights, sparsity (App. C, App. D).
+stability and carry, pooled weights, sparsity (App. C, App. D).
 
 A ranking is always by value, descending; ties are broken by head index (the flat
 index layer * n_heads + head), so every ranking is deterministic.
@@ -101,6 +101,27 @@ def recurrence_test(per_note, top_k_per_note: int = 20, alpha: float = 0.05) -> 
     )
 
 
+def _split_patients(patients: np.ndarray) -> np.ndarray:
+    unique = np.unique(patients)
+    if unique.size < 2:
+        raise StatsInputError(f"split-half needs at least 2 patients, got {unique.size}")
+    return unique
+
+
+def patient_halves(patients: np.ndarray, n_splits: int, seed: int):
+    """The random patient halves of App. D, as a boolean "in half A" over the notes, one per split.
+
+    Each split draws `rng.permutation` (numpy default_rng(seed)) of the sorted patient ids; the
+    first floor(P/2) form half A.  Every split-half statistic draws its halves here, so two
+    statistics with the same patients, count and seed compare the same halves.
+    """
+    unique = _split_patients(patients)
+    rng = np.random.default_rng(seed)
+    for _ in range(n_splits):
+        half_a = set(rng.permutation(unique)[: unique.size // 2].tolist())
+        yield np.array([p in half_a for p in patients.tolist()])
+
+
 @dataclass(frozen=True)
 class SplitHalfStability:
     """Rankings fitted on random patient halves against each other (App. D, Table 15)."""
@@ -132,16 +153,13 @@ def split_half_stability(
     per_note: (n_notes, n_heads) per-note I_c; a half's ranking is the mean over its
     notes (the same calibrated ranking as the full set).  Patients, not notes, are split,
     so a patient's two prompt variants never sit on both sides (App. A, App. C "Patients").
-    Each split draws `rng.permutation` of the sorted patient ids; the first floor(P/2)
-    form half A.  Reported as medians over splits (Table 15).
+    The halves are drawn by `patient_halves`.  Reported as medians over splits (Table 15).
     """
     values = as_values(per_note, "per_note", ndim=2)
     patients = as_labels(patient_ids, values.shape[0], "patient_ids")
     n_splits = as_count(n_splits, "n_splits")
     seed = as_seed(seed)
-    unique = np.unique(patients)
-    if unique.size < 2:
-        raise StatsInputError(f"split-half needs at least 2 patients, got {unique.size}")
+    unique = _split_patients(patients)
     for k in (*ks, full_k):
         if as_count(k, "k") > values.shape[1]:
             raise StatsInputError(f"k = {k} exceeds the {values.shape[1]} heads")
@@ -149,13 +167,10 @@ def split_half_stability(
     if np.ptp(values, axis=1).max() == 0:
         raise StatsInputError("per_note: every note is constant over heads; no ranking to compare")
     full_top = set(top_k(full, full_k).tolist())
-    rng = np.random.default_rng(seed)
     rhos = np.empty(n_splits)
     overlap = {k: np.empty(n_splits, dtype=int) for k in ks}
     full_overlap = np.empty((n_splits, 2), dtype=int)
-    for split in range(n_splits):
-        half_a = set(rng.permutation(unique)[: unique.size // 2].tolist())
-        in_a = np.array([p in half_a for p in patients.tolist()])
+    for split, in_a in enumerate(patient_halves(patients, n_splits, seed)):
         mean_a, mean_b = values[in_a].mean(axis=0), values[~in_a].mean(axis=0)
         rhos[split] = stats.spearmanr(mean_a, mean_b).statistic
         for k in ks:
@@ -170,6 +185,119 @@ def split_half_stability(
         median_overlap={k: float(np.median(v)) for k, v in overlap.items()},
         median_full_overlap=float(np.median(full_overlap)),
         full_k=full_k,
+        n_splits=n_splits,
+        seed=seed,
+        n_patients=int(unique.size),
+        n_notes=int(values.shape[0]),
+    )
+
+
+def exact_merged(first_order, patches) -> np.ndarray:
+    """One note's exact-merged importance: raw I exact where patched, first-order elsewhere (App. D, Table 13).
+
+    first_order: (n_events, n_heads) the first-order I of the note's events of one phase;
+    patches: one entry per event, None where the event was not patched, else (heads, exact):
+    flat head indices and their exact I (mean-ablated alone).  Each patched event's vector is
+    its first-order vector with the patched heads' entries replaced by their exact effects;
+    the note's value is the mean over its patched events.  A head patched at none of them
+    keeps the mean of its first-order I over those events; an event with no patches does
+    not enter (as the knock-in pass's refinement, `knockin.exact_refinement`, averages).
+    """
+    first = as_values(first_order, "first_order", ndim=2)
+    if len(patches) != first.shape[0]:
+        raise StatsInputError(f"patches: {len(patches)} entries for {first.shape[0]} events")
+    merged = []
+    for vector, patch in zip(first, patches):
+        if patch is None:
+            continue
+        heads, exact = np.asarray(patch[0], dtype=int), as_values(patch[1], "exact")
+        if heads.shape != exact.shape:
+            raise StatsInputError(f"patch: {heads.size} heads for {exact.size} exact effects")
+        if heads.min() < 0 or heads.max() >= first.shape[1]:
+            raise StatsInputError(f"patch: a head index outside the {first.shape[1]} heads")
+        vector = vector.copy()
+        vector[heads] = exact
+        merged.append(vector)
+    if not merged:
+        raise StatsInputError("no event of the note was patched exactly; no exact-merged importance")
+    return np.mean(merged, axis=0)
+
+
+def top_k_carry(chosen_by, importance, k: int) -> float:
+    r"""The share of `importance`'s best k that the top-k by `chosen_by` carries (App. D "Stability").
+
+        carry = sum_{h in top_k(chosen_by)} importance_h / sum_{h in top_k(importance)} importance_h
+
+    At most 1 whatever chooses (no k heads sum to more than the best k), 1 when the two top-k
+    coincide.  Undefined unless the best k sum to a positive importance.
+    """
+    chooser, values = as_pair(chosen_by, importance, ("chosen_by", "importance"))
+    best = float(values[top_k(values, k)].sum())
+    if best <= 0:
+        raise StatsInputError(f"importance: its best {k} heads sum to {best:g}; no share of it to carry")
+    return float(values[top_k(chooser, k)].sum()) / best
+
+
+@dataclass(frozen=True)
+class SplitHalfCarry:
+    """Each patient half's top-k read on the other half's importance (App. D, "Stability")."""
+
+    by_ranking: np.ndarray  # (n_splits, 2): top-k chosen by the half's `ranking`; A's on B, then B's on A
+    by_importance: np.ndarray  # (n_splits, 2): top-k chosen by the half's own `importance`
+    median_by_ranking: float  # over both directions of every split
+    median_by_importance: float
+    k: int
+    n_splits: int
+    seed: int
+    n_patients: int
+    n_notes: int
+
+
+def split_half_carry(
+    ranking,
+    importance,
+    patient_ids,
+    *,
+    k: int = 8,
+    n_splits: int = 200,
+    seed: int = 0,
+) -> SplitHalfCarry:
+    """How much of the other half's own best k a half's top-k carries, over random patient halves (App. D).
+
+    ranking, importance: (n_notes, n_heads), row by row the same notes.  ranking is what a
+    half's set is chosen by (the per-note calibrated I_c of the contrast ranking), importance
+    what the set carries (the per-note exact-merged I, `exact_merged`); a half's value of
+    either is its notes' mean, as `split_half_stability` ranks.  The halves are drawn by
+    `patient_halves`, so under the same patients, count and seed they are the splits
+    `split_half_stability` compares.  For each split and direction, choosing half X, carrying on Y:
+
+        carry = top_k_carry(chosen_by = X's mean ranking or X's mean importance, Y's mean importance, k)
+
+    The set chosen by X's own importance is the best X can pick for X, not for Y: out of
+    sample it may carry less than the set the ranking picks.  Reported as medians over both
+    directions of every split.
+    """
+    chooser, values = as_pair(ranking, importance, ("ranking", "importance"), ndim=2)
+    patients = as_labels(patient_ids, values.shape[0], "patient_ids")
+    n_splits = as_count(n_splits, "n_splits")
+    seed = as_seed(seed)
+    unique = _split_patients(patients)
+    if as_count(k, "k") > values.shape[1]:
+        raise StatsInputError(f"k = {k} exceeds the {values.shape[1]} heads")
+    by_ranking = np.empty((n_splits, 2))
+    by_importance = np.empty((n_splits, 2))
+    for split, in_a in enumerate(patient_halves(patients, n_splits, seed)):
+        halves = (in_a, ~in_a)
+        for side, (chosen, other) in enumerate((halves, halves[::-1])):
+            carried = values[other].mean(axis=0)
+            by_ranking[split, side] = top_k_carry(chooser[chosen].mean(axis=0), carried, k)
+            by_importance[split, side] = top_k_carry(values[chosen].mean(axis=0), carried, k)
+    return SplitHalfCarry(
+        by_ranking=by_ranking,
+        by_importance=by_importance,
+        median_by_ranking=float(np.median(by_ranking)),
+        median_by_importance=float(np.median(by_importance)),
+        k=int(k),
         n_splits=n_splits,
         seed=seed,
         n_patients=int(unique.size),

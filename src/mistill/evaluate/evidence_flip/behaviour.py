@@ -23,6 +23,10 @@ detectable effect at 80% power (two-sided 0.05, normal approximation on the obse
 per-case differences) is (z_0.975 + z_0.8) * SD / sqrt(n).  The controls are read as the agreement
 of a control's v with the original's v at the same sample index, and as the control's A-only rate
 against the original's.
+
+The category-level secondary scores the same answers by three-character category: v = +1 if some
+answered code lies in A's category and none in B's, -1 the other way round, 0 otherwise; it is read
+on the cases whose A and B lie in different categories (a sibling pair shares its category).
 """
 
 from __future__ import annotations
@@ -40,11 +44,24 @@ CONDITIONS = ("original", "flipped", "irrelevant", "order")
 CONTROLS = ("irrelevant", "order")
 
 
-def score(completion: str, code: str, partner: str, *, valid: bool) -> int:
-    """v of one answer: +1 A only, -1 B only, 0 otherwise (an invalid output is 0)."""
+LEVELS = ("code", "category")
+
+
+def category(code: str) -> str:
+    """The three-character ICD-10 category of a code (N18.9 -> N18)."""
+    return code[:3]
+
+
+def score(completion: str, code: str, partner: str, *, valid: bool, level: str = "code") -> int:
+    """v of one answer: +1 A only, -1 B only, 0 otherwise (an invalid output is 0); at `level` "category"
+    an answered code counts for A or B when it lies in their category."""
     if not valid:
         return 0
     answer = set(c for c in (last_json_list(completion) or []) if isinstance(c, str))
+    if level == "category":
+        answer, code, partner = {category(c) for c in answer}, category(code), category(partner)
+    elif level != "code":
+        raise ValueError(f"unknown scoring level {level!r}; known: {', '.join(LEVELS)}")
     a, b = code in answer, partner in answer
     return 1 if a and not b else -1 if b and not a else 0
 
@@ -84,16 +101,19 @@ class CaseReading:
 
 
 def readings(rows: Sequence[Mapping], cases: Mapping[str, tuple[str, str]],
-             conditions: Sequence[str] = CONDITIONS) -> dict[str, CaseReading]:
+             conditions: Sequence[str] = CONDITIONS, *, level: str = "code") -> dict[str, CaseReading]:
     """case -> its reading, from generation rows {case, condition, sample, completion, valid}; `cases` maps
-    a case to (A, B).  Every case needs each of `conditions` at the same sample indices."""
+    a case to (A, B), and rows of other cases are skipped.  Every case needs each of `conditions` at the
+    same sample indices.  `level`: the scoring of `score`."""
     wanted = tuple(conditions)
     by_case: dict[str, dict[str, dict[int, int]]] = defaultdict(lambda: defaultdict(dict))
     invalid: dict[str, int] = defaultdict(int)
     for row in rows:
+        if row["case"] not in cases:
+            continue
         a, b = cases[row["case"]]
         by_case[row["case"]][row["condition"]][int(row["sample"])] = score(row["completion"], a, b,
-                                                                           valid=bool(row["valid"]))
+                                                                           valid=bool(row["valid"]), level=level)
         invalid[row["case"]] += not row["valid"]
     out = {}
     for case, by_condition in by_case.items():
@@ -120,3 +140,22 @@ def paired_case_differences(treated: Mapping[int, Mapping[str, CaseReading]],
         return {}
     common = set.intersection(*(set(treated[s]) & set(control[s]) for s in seeds))
     return {case: float(np.mean([treated[s][case].d - control[s][case].d for s in seeds])) for case in sorted(common)}
+
+
+def control_sensitivity(by_checkpoint: Mapping[str, Mapping[str, CaseReading]], kept: Sequence[str]
+                        ) -> tuple[float, float]:
+    """How much the two control statistics move when the control is read on the `kept` cases only (the
+    cases whose irrelevant edit reached its matched length) instead of on every case: the largest
+    |change| over checkpoints and controls of the mean agreement with the original's v, and of the
+    mean A-only rate under the control (App. N.3: "on the 32 cases without the one case ... the
+    agreement moves by at most 0.014 and the expected rate by at most 0.020")."""
+    agreement = rate = 0.0
+    for by_case in by_checkpoint.values():
+        every, some = list(by_case.values()), [x for case, x in by_case.items() if case in set(kept)]
+        if not every or not some:
+            continue
+        for c in CONTROLS:
+            agreement = max(agreement, abs(np.mean([x.agreement(c) for x in every])
+                                           - np.mean([x.agreement(c) for x in some])))
+            rate = max(rate, abs(np.mean([x.rate(c, 1) for x in every]) - np.mean([x.rate(c, 1) for x in some])))
+    return float(agreement), float(rate)
