@@ -10,7 +10,9 @@ from the grid's edge). Beside it, the reference arms of params selection.referen
 * the share of validation generations at the token cap at lambda = 1, for Vanilla CoT-KD and for the untrained student;
 * the mechanism terms' loss over the task loss at lambda = 1 and 0.3 (mean over the optimiser steps);
 * the pick against Vanilla CoT-KD per validation note: micro-F1, and M1 at P2C, P1 and P2 (note-clustered means
-  over the seeds both carry, with bootstrap intervals).
+  over the seeds both carry, with bootstrap intervals);
+* App. K's NULL control: M1 at the teacher's NULL events in every arm's test evaluation that read it (the
+  EV stages, `mistill evaluate arm --m1-null`), its range over the arms.
 """
 
 from __future__ import annotations
@@ -22,7 +24,16 @@ from pathlib import Path
 from mistill.distill.selection_grids import grid_entry, selection_file
 from mistill.errors import UserError
 from mistill.evaluate.compare import clustered
-from mistill.evaluate.readout import cap_share, main_for, per_note_f1, read_arm, value
+from mistill.evaluate.readout import (
+    EVAL_DIR,
+    cap_share,
+    eval_root,
+    main_for,
+    null_control,
+    per_note_f1,
+    read_arm,
+    value,
+)
 from mistill.io import read_json, read_jsonl
 from mistill.stats import StatsParams
 from mistill.world.notes import load_notes
@@ -33,7 +44,8 @@ KINDS = {"p2c": "P2C", "p1": "P1", "p2": "P2"}
 
 def keys(params: dict) -> list[str]:
     return ["selected_lambda", "preregistered_grid_val_microf1", "cap_rate_lambda1", "cap_rate_vanilla_100",
-            "cap_rate_untrained", "mech_to_task_loss_ratio_lambda1_lambda03", "selected_vs_vanilla_task",
+            "cap_rate_untrained", "mech_to_task_loss_ratio_lambda1_lambda03", "m1_null_range_all_arms",
+            "selected_vs_vanilla_task",
             "selected_vs_vanilla_m1_p2c", "selected_vs_vanilla_m1_p1", "selected_vs_vanilla_m1_p2",
             # registry extra_keys
             "selected_val_microf1", "tied_lambdas", "grid_lambdas", "grid_val_microf1", "grid_m1_p2c",
@@ -127,6 +139,13 @@ def compute_values(params: dict) -> tuple[dict, list[Path]]:
             v[f"{key}_interval"] = value([c["ci_low"], c["ci_high"]], f"{c['confidence']:.0%} note-bootstrap interval "
                                          f"of that mean ({stats.bootstrap_resamples} resamples, seed "
                                          f"{stats.bootstrap_seed})", art)
+    # App. K's NULL control over the arms' test evaluations: M1 where nothing is decided
+    null = null_control([eval_root(params), Path(params["baselines"]["dir"]) / EVAL_DIR])
+    if null:
+        v["m1_null_range_all_arms"] = value([min(null.values()), max(null.values())],
+                                            f"M1 at NULL events, range over {len(null)} arm evaluations",
+                                            f"{eval_root(params)}/*/m1.json")
+        inputs += list(null)
     return v, sorted(set(inputs))
 
 

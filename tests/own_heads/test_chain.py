@@ -251,3 +251,30 @@ def test_bad_stage_and_missing_params_are_user_errors(chain):
                   tokenizer=students["qwen"][1], teacher_tokenizer=students["qwen"][1])
     with pytest.raises(UserError, match="own_heads"):
         OwnHeadsConfig.from_params({"evaluate": {}})
+
+
+def test_m1_at_null_events_is_the_plain_forwards_margin_and_leaves_the_decisions_alone(chain, teacher_tokenizer):
+    """M1's NULL control: each realised NULL event's margin from a plain forward of the student's own
+    tokenization (the own-heads realisation, an independent path); the decisions' numbers are unchanged."""
+    from mistill.evaluate.m1 import m1
+
+    root, params, students, _ = chain
+    traces = read_jsonl(root / "TR-008" / "traces.jsonl")
+    events_dir = root / "TR-008" / "events"
+    for arm, (model, tok) in students.items():
+        plain = m1(model, tok, traces, events_dir, teacher_tokenizer)
+        with_null = m1(model, tok, traces, events_dir, teacher_tokenizer, null_control=True)
+        assert {k: with_null[k] for k in plain} == plain
+        by_hand = []
+        for row in traces:
+            trace = Trace(**row)
+            _, ids, _, _ = model_input(tok, trace)
+            _, events = realize_note_events(read_jsonl(events_dir / trace.note_id / "events.jsonl"),
+                                            teacher_tokenizer, tok, trace)
+            with torch.no_grad():
+                logits = model(input_ids=torch.tensor([ids])).logits[0].float()
+            by_hand += [float(margin(logits[e.pos - 1], e.target_id, e.competitor_ids))
+                        for e in events if e.kind == "NULL"]
+        assert with_null["NULL"]["events"] == len(by_hand) > 0
+        assert with_null["NULL"]["p_margin_positive"] == pytest.approx(np.mean(np.asarray(by_hand) > 0))
+        assert with_null["NULL"]["median_margin"] == pytest.approx(float(np.median(by_hand)), abs=1e-4)

@@ -95,6 +95,32 @@ def realize_events(events: list[dict], competitor_strings: list[list[str]], *, i
     return out
 
 
+def realize_null_events(events: list[dict], competitor_strings: list[list[str]], target_strings: list[str], *,
+                        offsets: list[tuple[int, int]], text: str, completion_at: int,
+                        competitor_map: CompetitorMap) -> list[RealizedEvent]:
+    """The NULL events (App. C: prose positions with a random letter as target) this model realises: the
+    decision row by the anchor rule, the target and competitor letters (" A", " B", ...) as this model's
+    single tokens; an event whose row or letters do not map is dropped.  `target_strings[i]` is event
+    i's target letter as text (the teacher's token decoded)."""
+    unk = getattr(competitor_map.tokenizer, "unk_token_id", None)
+
+    def single(s: str) -> int | None:
+        i = competitor_map.single_id(s)
+        return None if i is None or i == unk else int(i)
+
+    out = []
+    for i, (event, comps, target_text) in enumerate(zip(events, competitor_strings, target_strings)):
+        if event["kind"] != "NULL":
+            continue
+        q = decision_row(offsets, text, completion_at + int(event["anchor"]))
+        target = single(target_text)
+        competitors = sorted({c for c in (single(s) for s in comps) if c is not None and c != target})
+        if q is None or target is None or not competitors:
+            continue
+        out.append(RealizedEvent(i, "NULL", q, target, tuple(competitors)))
+    return out
+
+
 def window_rows(event_row: int, width: int, first_row: int = 1) -> list[int]:
     """App. I.1: the W rows q-W .. q-1 before a P1 event's decision row, paired by token distance
     (returned nearest-last, distances W .. 1); rows before `first_row` are dropped."""

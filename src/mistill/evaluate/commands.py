@@ -140,7 +140,8 @@ def cmd_m1(args) -> int:
         keep = {n.note_id for n in load_notes(args.notes)}
         traces = [t for t in traces if t["note_id"] in keep]
     traces = [t for t in traces if t.get("valid", True)]
-    result = m1(model, tok, traces, Path(args.events_dir or cfg["events_dir"]), teacher_tok)
+    result = m1(model, tok, traces, Path(args.events_dir or cfg["events_dir"]), teacher_tok,
+                null_control=args.null_control)
     write_json(args.out, {"m1": result, "model": str(args.model), "provenance": provenance({"evaluate": cfg})})
     print(" ".join(f"{k}: P(m>0)={v['p_margin_positive']:.3f} median={v['median_margin']:.3f}"
                    for k, v in result.items()))
@@ -151,9 +152,11 @@ ARM_FILES = {"generate": "generations.jsonl", "task": "task.json", "fidelity": "
 
 
 def arm_steps(model: str, out_dir: Path, m1_notes: str | None, notes: str | None = None,
-              teacher_traces: str | None = None, events_dir: str | None = None) -> list[list[str]]:
+              teacher_traces: str | None = None, events_dir: str | None = None,
+              m1_null: bool = False) -> list[list[str]]:
     """The single commands `arm` runs, in order (the readers find their files by these names); `notes`,
-    `teacher_traces` and `events_dir` replace params evaluate's test notes, traces and events (validation)."""
+    `teacher_traces` and `events_dir` replace params evaluate's test notes, traces and events (validation);
+    `m1_null` reads M1 at the NULL events too (the control)."""
     gens = str(out_dir / ARM_FILES["generate"])
 
     def given(**options) -> list[str]:
@@ -164,7 +167,7 @@ def arm_steps(model: str, out_dir: Path, m1_notes: str | None, notes: str | None
             ["fidelity", "--generations", gens, "--model", model, *given(notes=notes, teacher_traces=teacher_traces),
              "--out", str(out_dir / ARM_FILES["fidelity"])],
             ["m1", "--model", model, *given(notes=m1_notes, teacher_traces=teacher_traces, events_dir=events_dir),
-             "--out", str(out_dir / ARM_FILES["m1"])]]
+             *(["--null-control"] if m1_null else []), "--out", str(out_dir / ARM_FILES["m1"])]]
 
 
 def commands_parser() -> argparse.ArgumentParser:
@@ -182,7 +185,7 @@ def cmd_arm(args) -> int:
     parser = commands_parser()
     shard = Shard.from_env()
     generate, *readers = arm_steps(args.model, Path(args.out_dir), args.m1_notes, args.notes, args.teacher_traces,
-                                   args.events_dir)
+                                   args.events_dir, args.m1_null)
     for step in [generate, *(readers if shard.leader else [])]:
         step_args = parser.parse_args(step)
         status = step_args.func(step_args)
@@ -199,6 +202,7 @@ def register(subparsers) -> None:
     p.add_argument("--notes", help="notes generated on and scored (default: params evaluate.test_notes)")
     p.add_argument("--teacher-traces", help="the teacher's traces of them (default: params evaluate.teacher_traces)")
     p.add_argument("--events-dir", help="their events, which M1 reads (default: params evaluate.events_dir)")
+    p.add_argument("--m1-null", action="store_true", help="M1 at the NULL events too (App. K's control)")
     p.set_defaults(func=cmd_arm, sharded=generation_processes)   # one process per vLLM engine
 
     p = subparsers.add_parser("task", help="micro/macro-F1, P@k, PSP@k, head/tail, valid rate (App. K)")
@@ -227,6 +231,8 @@ def register(subparsers) -> None:
     p.add_argument("--teacher-tokenizer", help="decodes the events' competitor ids (default: params models.teacher)")
     p.add_argument("--events-dir", help="default: params evaluate.events_dir")
     p.add_argument("--notes", help="restrict to these notes (e.g. the test notes)")
+    p.add_argument("--null-control", action="store_true",
+                   help="also at the teacher's NULL events, where nothing is decided (App. K's control)")
     p.add_argument("--threads", type=int, help="intra-op threads (default: params models.threads)")
     p.add_argument("--out", required=True)
     p.set_defaults(func=cmd_m1)

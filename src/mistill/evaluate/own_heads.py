@@ -46,7 +46,7 @@ import numpy as np
 import torch
 from tqdm import tqdm
 
-from mistill.distill.alignment import CompetitorMap, decision_row, realize_events
+from mistill.distill.alignment import CompetitorMap, realize_events, realize_null_events
 from mistill.distill.targets import competitor_strings
 from mistill.errors import UserError
 from mistill.instrument.events import DECISION_KINDS, Event, note_rng
@@ -158,27 +158,16 @@ def realize_note_events(teacher_events: Sequence[dict], teacher_tokenizer, token
     cmap = CompetitorMap(tokenizer)
     realized = realize_events(list(teacher_events), comps, ids=ids, offsets=offsets, text=text,
                               completion_at=completion_at, competitor_map=cmap)
+    targets = [teacher_tokenizer.decode([int(ev["target_id"])]) if ev["kind"] == "NULL" else ""
+               for ev in teacher_events]
+    realized += realize_null_events(list(teacher_events), comps, targets, offsets=offsets, text=text,
+                                    completion_at=completion_at, competitor_map=cmap)
     events = []
     for r in realized:
         ev = teacher_events[r.index]
         events.append(Event(r.kind, r.row + 1, int(r.target_id), [int(c) for c in r.competitor_ids],
                             int(ev["anchor"]), code=ev.get("code"), prefix=ev.get("prefix"),
                             near_miss=ev.get("near_miss")))
-    unk = getattr(tokenizer, "unk_token_id", None)
-
-    def single(s: str) -> int | None:
-        i = cmap.single_id(s)
-        return None if i is None or i == unk else int(i)
-
-    for ev, comp in zip(teacher_events, comps):
-        if ev["kind"] != "NULL":
-            continue
-        q = decision_row(offsets, text, completion_at + int(ev["anchor"]))
-        target = single(teacher_tokenizer.decode([int(ev["target_id"])]))
-        competitors = [c for c in (single(s) for s in comp) if c is not None and c != target]
-        if q is None or target is None or not competitors:
-            continue
-        events.append(Event("NULL", q + 1, target, sorted(set(competitors)), int(ev["anchor"])))
     events.sort(key=lambda e: (e.pos, ("P1", "P2", "P2C", "NULL").index(e.kind)))
     return ids, events
 

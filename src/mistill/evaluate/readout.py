@@ -57,6 +57,20 @@ def eval_root(params: dict) -> Path:
     return Path((params.get("paths") or {}).get("artifacts", "artifacts")) / EVAL_DIR
 
 
+def null_control(roots: list[Path]) -> dict[Path, float]:
+    """Every evaluation under `roots` whose M1 was read at the NULL events too (`mistill evaluate arm
+    --m1-null`): its m1.json -> P(margin > 0) there (App. K's control, near zero for every arm)."""
+    from mistill.io import read_json
+
+    out = {}
+    for root in roots:
+        for path in sorted(Path(root).glob("*/m1.json")):
+            null = read_json(path, "M1 readout").get("m1", {}).get("NULL")
+            if null and null.get("events"):
+                out[path] = float(null["p_margin_positive"])
+    return out
+
+
 def arm_labels(params: dict) -> dict[str, str]:
     """Table 2 row -> arm label (params evaluate.own_heads.arms)."""
     labels = ((params.get("evaluate") or {}).get("own_heads") or {}).get("arms") or {}
