@@ -143,7 +143,7 @@ def compute_values(params: dict) -> tuple[dict, list[Path]]:
     null = null_control([eval_root(params), Path(params["baselines"]["dir"]) / EVAL_DIR])
     if null:
         v["m1_null_range_all_arms"] = value([min(null.values()), max(null.values())],
-                                            f"M1 at NULL events, range over {len(null)} arm evaluations",
+                                            f"M1 at NULL events, range over {len(null)} arm runs",
                                             f"{eval_root(params)}/*/m1.json")
         inputs += list(null)
     return v, sorted(set(inputs))
