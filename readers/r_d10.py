@@ -11,8 +11,8 @@ from the grid's edge). Beside it, the reference arms of params selection.referen
 * the mechanism terms' loss over the task loss at lambda = 1 and 0.3 (mean over the optimiser steps);
 * the pick against Vanilla CoT-KD per validation note: micro-F1, and M1 at P2C, P1 and P2 (note-clustered means
   over the seeds both carry, with bootstrap intervals);
-* App. K's NULL control: M1 at the teacher's NULL events in every arm's test evaluation that read it (the
-  EV stages, `mistill evaluate arm --m1-null`), its range over the arms.
+* App. K's NULL control: M1 at the teacher's NULL events in every main arm's test evaluation (the EV stages,
+  `mistill evaluate arm --m1-null`: untrained, Vanilla CoT-KD, Mistill), its range over the arm runs.
 """
 
 from __future__ import annotations
@@ -25,7 +25,6 @@ from mistill.distill.selection_grids import grid_entry, selection_file
 from mistill.errors import UserError
 from mistill.evaluate.compare import clustered
 from mistill.evaluate.readout import (
-    EVAL_DIR,
     cap_share,
     eval_root,
     main_for,
@@ -139,8 +138,10 @@ def compute_values(params: dict) -> tuple[dict, list[Path]]:
             v[f"{key}_interval"] = value([c["ci_low"], c["ci_high"]], f"{c['confidence']:.0%} note-bootstrap interval "
                                          f"of that mean ({stats.bootstrap_resamples} resamples, seed "
                                          f"{stats.bootstrap_seed})", art)
-    # App. K's NULL control over the arms' test evaluations: M1 where nothing is decided
-    null = null_control([eval_root(params), Path(params["baselines"]["dir"]) / EVAL_DIR])
+    # App. K's NULL control over the arms' test evaluations: M1 where nothing is decided.  The main arms'
+    # (untrained, Vanilla CoT-KD, Mistill): the baselines' evaluations live apart, and no result waits on a
+    # baseline it does not otherwise read
+    null = null_control([eval_root(params)])
     if null:
         v["m1_null_range_all_arms"] = value([min(null.values()), max(null.values())],
                                             f"M1 at NULL events, range over {len(null)} arm runs",
