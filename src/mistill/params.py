@@ -70,3 +70,14 @@ def load_params(path: str | Path = DEFAULT_PARAMS, profile: str | None = None) -
     section = dict(data[name])
     section["profile"] = name
     return section
+
+
+def profile_section(params: dict[str, Any], name: str, purpose: str) -> tuple[str, dict[str, Any]]:
+    """(where, section): the active profile's section `name`, and how an error names it
+    ("params.yaml demo.isolation"); a missing section is one line saying what it is for."""
+    where = f"params.yaml {params.get('profile', '<profile>')}.{name}"
+    section = params.get(name)
+    if not isinstance(section, dict):
+        raise UserError(f"{where}: missing; {purpose}")
+    return where, section
+

@@ -57,6 +57,7 @@ from mistill.instrument.passes import (
 )
 from mistill.instrument.patching import EventVariants, prefill, run_variants
 from mistill.io import provenance, read_npz, write_json, write_npz
+from mistill.params import profile_section
 
 ARTIFACT = "isolation.npz"
 SUMMARY = "isolation.json"
@@ -73,10 +74,8 @@ class IsolationSettings:
 
     @classmethod
     def from_params(cls, params: dict) -> IsolationSettings:
-        where = f"params.yaml {params.get('profile', '<profile>')}.isolation"
-        section = params.get("isolation")
-        if not isinstance(section, dict):
-            raise UserError(f"{where}: missing; it names the isolation pass's output and set sizes (App. D)")
+        where, section = profile_section(params, "isolation",
+                                         "it names the isolation pass's output and set sizes (App. D)")
         unknown = sorted(set(section) - {"out_dir", "bins"})
         if unknown:
             raise UserError(f"{where}: unknown keys {', '.join(unknown)}")

@@ -43,6 +43,7 @@ from mistill.instrument.passes import (
     model_input,
 )
 from mistill.io import file_sha256, provenance, read_jsonl, write_json, write_jsonl
+from mistill.params import profile_section
 
 # ---- settings -------------------------------------------------------------------------------------
 
@@ -71,10 +72,8 @@ class ReadSide:
 
     @classmethod
     def from_params(cls, params: dict) -> ReadSide:
-        where = f"params.yaml {params.get('profile', '<profile>')}.read_side"
-        section = params.get("read_side")
-        if not isinstance(section, dict):
-            raise UserError(f"{where}: missing; it names the read-side passes' directory and panel size")
+        where, section = profile_section(params, "read_side",
+                                         "it names the read-side passes' directory and panel size")
         try:
             edits = EditsSection(**(section.get("edits") or {}))
             out = cls(**{**section, "edits": edits})
