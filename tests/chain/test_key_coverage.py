@@ -1377,10 +1377,18 @@ def test_r_d10_lambda_selection_by_hand(tmp_path):
     evaluation(root / "reference" / labels["vanilla"], vanilla, m1_vanilla)
     evaluation(root / "reference" / labels["untrained"], {"n1": None, "n2": ["C00.0"], "n3": None, "n4": None},
                m1_vanilla)
+    # App. K's NULL control in the arms' test evaluations (<artifacts>/DT-eval); one arm run without it
+    for label, null in (("student-qwen-vanilla-bf16-s0", 0.02), ("student-qwen-mistill-bf16-s0", 0.011),
+                        ("student-smol-untrained-s0", None)):
+        m1 = {"P1": {"p_margin_positive": 0.9, "events": 4}}
+        if null is not None:
+            m1["NULL"] = {"p_margin_positive": null, "median_margin": -5.0, "events": 20}
+        write_json(tmp_path / "DT-eval" / label / "m1.json", {"m1": m1})
 
     values, _ = reader("R-D10").compute_values(params)
     v = {key: x["value"] for key, x in values.items()}
     _assert_writes_what_it_lists(reader("R-D10"), params, values)
+    assert v["m1_null_range_all_arms"] == [0.011, 0.02]
     produced = set(REGISTRY.expected("paper").values["R-D10"]) - set(REGISTRY.results["R-D10"].unproduced_keys)
     assert produced <= set(values)
     assert (v["selected_lambda"], v["tied_lambdas"], v["grid_lambdas"]) == (0.1, [0.1], [0.1, 0.3, 1.0, 3.0])
