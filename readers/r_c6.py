@@ -22,7 +22,10 @@ import numpy as np
 
 from mistill.instrument.global_sets import load_head_sets, phase_scores, ranking
 from mistill.instrument.readout import head_index, instrument_dir, run_reader, value
+from mistill.io import read_json
 from mistill.locus.passes import DECIDED, LocusSettings
+from mistill.locus.read import GROUPS, MEASURES, read_dir
+from mistill.locus.read import SUMMARY as READ_SUMMARY
 from mistill.locus.readout import LocusRun
 from mistill.stats import spearman_over_heads, top_k_overlap
 
@@ -48,7 +51,8 @@ def keys(params: dict) -> list[str]:
             f"prosetime_top{large}_window_only", f"emission_top{large}_suffix_only", f"prosetime_top{large}_suffix_only",
             f"prosetime_top{small}_suffix_only", "pass_a_own_set_window_only", "attributed_mentions", "censored_share",
             "probes_total", "decisive_at_code_suffix_b", "note_alone_decisive", "random_heads_note_share_at_locus",
-            f"suffix_ranking_top_ic_{leader}"]
+            f"suffix_ranking_top_ic_{leader}", "notes_prosetime_region_beats_random",
+            *(f"table33_{group}" for group in GROUPS)]
 
 
 def percent(count: int, total: int) -> float:
@@ -155,7 +159,21 @@ def compute_values(params: dict) -> tuple[dict, list[Path]]:
                                                 art_abl)
     v["random_heads_note_share_at_locus"] = value(float(np.mean(randoms)), f"the same for {small} random heads per "
                                                   "note", art_abl)
-    return v, [*run.inputs(), emission_path]
+    inputs = [*run.inputs(), emission_path]
+    summary_path = read_dir(settings.out_dir) / READ_SUMMARY
+    if summary_path.is_file():   # stage HD-001-locus-read; a locus run without it (R-C15's) has no Table 33
+        read = read_json(summary_path, "locus read")
+        beats = read["prosetime_region_beats_random"]
+        v["notes_prosetime_region_beats_random"] = value(
+            beats["notes_higher"], f"count of {beats['notes']} notes whose prose-time top-{read['k']} gives more of its "
+            f"attention on the region (the emitted chapter's lines) at the locus than {read['k']} random heads, mean "
+            f"over the note's loci (sign test p {beats['p_value']:.3g})", summary_path)
+        for group in GROUPS:
+            cell = read["groups"][group]
+            v[f"table33_{group}"] = value([cell[m] for m in MEASURES], f"mean over {cell['loci']} loci of the group's "
+                                          "mean over its heads: [" + ", ".join(MEASURES) + "]", summary_path)
+        inputs.append(summary_path)
+    return v, inputs
 
 
 def main() -> int:

@@ -74,6 +74,20 @@ def paper_locus(tmp_path):
     prose, emission, suffix = paper_scores()
     write_json(hd001 / "head_sets_contrast.json", head_sets({"P1": emission}, L, H, pool_k=40))
     write_locus_run(out, NOTES, prose, suffix, emission, LocusSettings.from_params(params))
+    # Table 33's read (stage HD-001-locus-read): note n's prose-time top reads the region more than the random
+    # heads on the first two notes
+    from mistill.instrument.readside import CAT, CATEGORIES
+    from mistill.locus.read import SUMMARY, read_dir, summarize_locus_reads
+
+    def locus(top, rand):
+        shares = [[0.0] * len(CATEGORIES) for _ in range(2)]
+        shares[0][CAT["own_line"]], shares[1][CAT["own_line"]] = top, rand
+        return {"heads": [0, 1], "shares": shares, "lift": [2.0, 1.0], "n_eff": [30.0, 60.0]}
+
+    groups = {"prosetime_top": [0], "emission_top": [1], "prosetime_bottom": [1], "random": [1]}
+    reads = {note: {"groups": groups, "loci": [locus(*pair)]}
+             for note, pair in zip(NOTES, [(0.3, 0.1), (0.2, 0.1), (0.0, 0.4)])}
+    write_json(read_dir(out) / SUMMARY, {**summarize_locus_reads(reads), "k": 16})
     return params, prose, emission
 
 
@@ -83,7 +97,9 @@ def test_r_c6_values_by_hand_on_paper_shaped_artifacts(paper_locus):
     values, inputs = module.compute_values(params)
     registry = load_registry(REPO)
     paper = set(registry.expected("paper").values["R-C6"])
-    assert set(values) == set(module.keys(params)) == paper - set(registry.results["R-C6"].unproduced_keys)
+    assert set(values) == set(module.keys(params))
+    assert paper - set(registry.results["R-C6"].unproduced_keys) <= set(values)
+    assert values["notes_prosetime_region_beats_random"]["value"] == 2
     v = {k: x["value"] for k, x in values.items()}
     # 10 mentions: window 4, inherited 2, never 2, code 1, censored 1
     assert v["window_locus_share"] == pytest.approx(40.0) and v["inherited_share"] == pytest.approx(20.0)
@@ -109,4 +125,4 @@ def test_r_c6_values_by_hand_on_paper_shaped_artifacts(paper_locus):
     assert v["notes_prosetime_above_random"] == 3
     assert v["prosetime_note_attention_share"] == pytest.approx(0.3)
     assert v["random_heads_note_share_at_locus"] == pytest.approx(0.1)
-    assert len(inputs) == 3 * 3 + 2
+    assert len(inputs) == 3 * 3 + 2 + 1     # and the locus read's summary

@@ -47,11 +47,13 @@ def _settings(args):
     return cfg, settings, params
 
 
-def _resumable(runner: str):
-    """A resumable pass of `mistill.locus.passes` (run_probe, run_ablate, run_all, run_follow, run_swap) as a command."""
+def _resumable(runner: str, module: str = "passes"):
+    """A resumable pass of `mistill.locus.<module>` (passes: run_probe, run_ablate, run_all, run_follow, run_swap;
+    read: run_locus_read) as a command."""
     def command(args) -> int:
-        from mistill.locus import passes
+        import importlib
 
+        passes = importlib.import_module(f"mistill.locus.{module}")
         cfg, settings, params = _settings(args)
         if getattr(args, "model", None):
             cfg, model, tokenizer = _student(args, cfg, params)
@@ -89,7 +91,8 @@ def register(commands: argparse._SubParsersAction) -> None:
             ("ablate", _resumable("run_ablate"), "window and suffix ablations; the read at the locus", True),
             ("all", _resumable("run_all"), "probe, calibrate and ablate, one model load", True),
             ("follow", _resumable("run_follow"), "the follow-through of window-decided mentions to the letter", True),
-            ("swap", _resumable("run_swap"), "swap the residual stream between window-decided mentions", True)):
+            ("swap", _resumable("run_swap"), "swap the residual stream between window-decided mentions", True),
+            ("read", _resumable("run_locus_read", "read"), "what four head groups read at each locus (Table 33)", True)):
         p = commands.add_parser(name, help=summary, description=summary)
         p.add_argument("--profile", default=None, help="params.yaml profile (default: the active one)")
         p.add_argument("--limit", type=int, default=None, help="only the first N notes (smoke runs)")
