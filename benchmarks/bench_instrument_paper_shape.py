@@ -303,7 +303,7 @@ def reset_peak(device: str):
 
 def exactness(model, n_tokens: int, vocab: int, max_batch: int, device: str) -> dict:
     """Fast patch paths against the slow one on this model: margins per (event, head), max |diff|."""
-    from mistill.instrument.attribution import exact_importance
+    from mistill.instrument.attribution import Decision, exact_importance
     from mistill.instrument.hook import HeadHook, Replacement
     from mistill.instrument.margin import margin
     from mistill.instrument.patching import brute_force_logits, forward_variants, prefill
@@ -321,8 +321,9 @@ def exactness(model, n_tokens: int, vocab: int, max_batch: int, device: str) -> 
         for q in (n_tokens - 1, (3 * n_tokens) // 4, n_tokens // 2):  # decreasing: the cache only crops
             target, competitors = letters[0], letters[1:]
             with torch.no_grad():
-                clean_fast, effects_batched = exact_importance(model, hook, pre.cache, q, ids[q], target,
-                                                               competitors, pre.mu, heads, max_batch)
+                clean_fast, effects_batched = exact_importance(model, hook, pre.cache,
+                                                               Decision(q, ids[q], target, competitors), pre.mu, heads,
+                                                               max_batch)
                 brute_clean_logits = brute_force_logits(model, hook, ids[:q], ids[q], None, None)
                 clean_slow = float(margin(brute_clean_logits, target, competitors))
                 single_clean = float(margin(forward_variants(model, hook, pre.cache, q, ids[q], None, 1)[0],

@@ -8,6 +8,7 @@ import numpy as np
 import torch
 
 from mistill.instrument.attribution import (
+    Decision,
     RunningGlobalTop,
     exact_importance,
     fidelity,
@@ -31,9 +32,9 @@ def test_intact_first_order_is_the_derivative_of_the_margin_along_the_ablation(s
     hook = HeadHook(model)
     ids, q = _ids(0), 33
     pre = prefill(model, hook, ids)
-    _, fo = first_order_importance(model, hook, pre.cache, q, ids[q], TARGET, COMPETITORS, pre.mu, "intact")
-    _, fo_detached = first_order_importance(model, hook, pre.cache, q, ids[q], TARGET, COMPETITORS, pre.mu,
-                                            "detached")
+    decision = Decision(q, ids[q], TARGET, COMPETITORS)
+    _, fo = first_order_importance(model, hook, pre.cache, decision, pre.mu, "intact")
+    _, fo_detached = first_order_importance(model, hook, pre.cache, decision, pre.mu, "detached")
     with hook.recording() as rec:
         forward_variants(model, hook, pre.cache, q, ids[q], None, 1)
     z = torch.stack([r[0, 0] for r in rec])  # [L, H, D]
@@ -65,7 +66,7 @@ def test_exact_importance_of_nominees_equals_brute_force(small_model):
     ids, q = _ids(1), 30
     pre = prefill(small_model, hook, ids)
     heads = [(0, 1), (2, 3), (1, 0)]
-    clean, effects = exact_importance(small_model, hook, pre.cache, q, ids[q], TARGET, COMPETITORS, pre.mu,
+    clean, effects = exact_importance(small_model, hook, pre.cache, Decision(q, ids[q], TARGET, COMPETITORS), pre.mu,
                                       heads, max_batch=2)
     plain = brute_force_logits(small_model, hook, ids[:q], ids[q], None, None)
     assert abs(clean - float(margin(plain, TARGET, COMPETITORS))) < 1e-5
@@ -108,7 +109,7 @@ def test_integrated_gradients_with_many_steps_matches_the_exact_effect_sum(small
     with hook.recording() as rec:
         clean = forward_variants(model, hook, pre.cache, q, ids[q], None, 1)
     z = torch.stack([r[0, 0] for r in rec])
-    ig = integrated_gradients(model, hook, pre.cache, q, ids[q], TARGET, COMPETITORS, pre.mu.double(), z, 32)
+    ig = integrated_gradients(model, hook, pre.cache, Decision(q, ids[q], TARGET, COMPETITORS), pre.mu.double(), z, 32)
     every = torch.ones(hook.n_layers, 1, hook.n_heads, dtype=torch.bool)
     ablated = forward_variants(model, hook, pre.cache, q, ids[q], Replacement(every, pre.mu.double()), 1)
     joint = float(margin(clean, TARGET, COMPETITORS) - margin(ablated, TARGET, COMPETITORS))
@@ -135,10 +136,9 @@ def test_attribution_pass_batched_across_events_equals_one_event_at_a_time(small
                                 nominees_topk=3, global_top=[(0, 0)], null_exact_share=0.5, max_batch=3)
         n_exact = 0
         for i, ev in enumerate(events):
-            q = ev.pos - 1
             alone = prefill(small_model, hook, ids)
-            clean, first = first_order_importance(small_model, hook, alone.cache, q, ids[q], ev.target_id,
-                                                  ev.competitor_ids, alone.mu, "intact")
+            clean, first = first_order_importance(small_model, hook, alone.cache, Decision.of(ev, ids), alone.mu,
+                                                  "intact")
             assert abs(result.margin[i] - clean) < 1e-5
             assert np.abs(result.first_order[i] - first).max() < 1e-5
             measured = np.argwhere(~np.isnan(result.exact[i]))
@@ -146,8 +146,8 @@ def test_attribution_pass_batched_across_events_equals_one_event_at_a_time(small
                 assert len(measured) >= 3
             if len(measured):
                 heads = [tuple(int(x) for x in h) for h in measured]
-                _, effects = exact_importance(small_model, hook, alone.cache, q, ids[q], ev.target_id,
-                                              ev.competitor_ids, alone.mu, heads, max_batch=64)
+                _, effects = exact_importance(small_model, hook, alone.cache, Decision.of(ev, ids), alone.mu, heads,
+                                              max_batch=64)
                 assert np.abs(result.exact[i][tuple(measured.T)] - effects).max() < 1e-5
                 n_exact += 1
         assert n_exact >= 4

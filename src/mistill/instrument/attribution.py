@@ -44,6 +44,21 @@ from mistill.instrument.patching import (
 )
 
 
+@dataclass(frozen=True)
+class Decision:
+    """One decision read at q = pos - 1: the token fed there (the trace's own), the decided token and its
+    competitors, whose margin the passes read."""
+
+    q: int
+    token_id: int
+    target_id: int
+    competitor_ids: Sequence[int]
+
+    @classmethod
+    def of(cls, event: Event, ids: Sequence[int]) -> Decision:
+        return cls(event.pos - 1, int(ids[event.pos - 1]), event.target_id, event.competitor_ids)
+
+
 def first_order_batch(model, hook: HeadHook, cache, variants: Variants,
                       decisions: Sequence[tuple[int, Sequence[int]]], mu: torch.Tensor, mode: str
                       ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -66,25 +81,23 @@ def first_order_batch(model, hook: HeadHook, cache, variants: Variants,
     return margins.detach().cpu().numpy(), importance.cpu().numpy(), g.to(dtype).cpu().numpy()
 
 
-def first_order_importance(model, hook: HeadHook, cache, q: int, token_id: int, target_id: int,
-                           competitor_ids: Sequence[int], mu: torch.Tensor, mode: str,
+def first_order_importance(model, hook: HeadHook, cache, decision: Decision, mu: torch.Tensor, mode: str,
                            replacement: Replacement | None = None) -> tuple[float, np.ndarray]:
     """(margin, I^fo [L, H]) at q from one forward and one backward against the cache cropped to [0, q).
 
     With `replacement`, the gradient is taken at the replaced head outputs (integrated gradients)
     and returned in place of I^fo ([L, H, D]): the caller scales it by its own path.
     """
-    variants = Variants([q], [token_id])
+    variants = Variants([decision.q], [decision.token_id])
     if replacement is not None:
-        variants = Variants([q], [token_id], replacement.mask, replacement.values)
-    margins, importance, gradient = first_order_batch(model, hook, cache, variants, [(target_id, competitor_ids)],
-                                                      mu, mode)
+        variants = Variants([decision.q], [decision.token_id], replacement.mask, replacement.values)
+    margins, importance, gradient = first_order_batch(model, hook, cache, variants,
+                                                      [(decision.target_id, decision.competitor_ids)], mu, mode)
     return float(margins[0]), (gradient[0] if replacement is not None else importance[0])
 
 
-def integrated_gradients(model, hook: HeadHook, cache, q: int, token_id: int, target_id: int,
-                         competitor_ids: Sequence[int], mu: torch.Tensor, z: torch.Tensor, steps: int = 5
-                         ) -> np.ndarray:
+def integrated_gradients(model, hook: HeadHook, cache, decision: Decision, mu: torch.Tensor, z: torch.Tensor,
+                         steps: int = 5) -> np.ndarray:
     """IG_h = (z_h - mu_h) . mean_a d margin / d z_h at z(a) = mu + a (z - mu), every layer at once.
 
     Midpoint rule over `steps` points, graph intact (App. C: 5 steps; worse than first-order,
@@ -95,19 +108,17 @@ def integrated_gradients(model, hook: HeadHook, cache, q: int, token_id: int, ta
     total = 0.0
     for a in (np.arange(steps) + 0.5) / steps:
         values = mu.to(z.device, z.dtype) + float(a) * (z - mu.to(z.device, z.dtype))
-        _, g = first_order_importance(model, hook, cache, q, token_id, target_id, competitor_ids, mu, "intact",
-                                      Replacement(mask, values))
+        _, g = first_order_importance(model, hook, cache, decision, mu, "intact", Replacement(mask, values))
         total = total + g
     return ((z.float() - mu.to(z.device).float()).cpu().numpy() * (total / steps)).sum(-1)
 
 
-def exact_importance(model, hook: HeadHook, cache, q: int, token_id: int, target_id: int,
-                     competitor_ids: Sequence[int], mu: torch.Tensor, heads: Sequence[tuple[int, int]],
-                     max_batch: int) -> tuple[float, np.ndarray]:
+def exact_importance(model, hook: HeadHook, cache, decision: Decision, mu: torch.Tensor,
+                     heads: Sequence[tuple[int, int]], max_batch: int) -> tuple[float, np.ndarray]:
     """(clean margin, I_h for each head in `heads`): each head mean-ablated alone, one batch per chunk."""
     mask = one_head_per_variant(hook.n_layers, hook.n_heads, heads)
-    logits = forward_variants_chunked(model, hook, cache, q, token_id, mask, mu, max_batch)
-    margins = margin(logits, target_id, competitor_ids)
+    logits = forward_variants_chunked(model, hook, cache, decision.q, decision.token_id, mask, mu, max_batch)
+    margins = margin(logits, decision.target_id, decision.competitor_ids)
     return float(margins[0]), (margins[0] - margins[1:]).cpu().numpy()
 
 
@@ -246,24 +257,19 @@ def self_test_note(model, hook: HeadHook, cache, mu: torch.Tensor, ids: Sequence
     exact, intact, detached, integrated = (np.zeros((E, L, H)) for _ in range(4))
     clean, rep = np.zeros(E), np.zeros((E, repeats))
     for i in sorted(range(E), key=lambda i: -events[i].pos):
-        ev = events[i]
-        q = ev.pos - 1
-        clean[i], effects = exact_importance(model, hook, cache, q, ids[q], ev.target_id, ev.competitor_ids,
-                                             mu, heads, max_batch)
+        decision = Decision.of(events[i], ids)
+        clean[i], effects = exact_importance(model, hook, cache, decision, mu, heads, max_batch)
         exact[i] = effects.reshape(L, H)
-        _, intact[i] = first_order_importance(model, hook, cache, q, ids[q], ev.target_id, ev.competitor_ids,
-                                              mu, "intact")
-        _, detached[i] = first_order_importance(model, hook, cache, q, ids[q], ev.target_id,
-                                                ev.competitor_ids, mu, "detached")
+        _, intact[i] = first_order_importance(model, hook, cache, decision, mu, "intact")
+        _, detached[i] = first_order_importance(model, hook, cache, decision, mu, "detached")
         with torch.no_grad(), hook.recording() as rec:
-            forward_variants(model, hook, cache, q, ids[q], None, 1)
+            forward_variants(model, hook, cache, decision.q, decision.token_id, None, 1)
         z = torch.stack([r[0, 0] for r in rec])
-        integrated[i] = integrated_gradients(model, hook, cache, q, ids[q], ev.target_id, ev.competitor_ids, mu,
-                                             z, ig_steps)
+        integrated[i] = integrated_gradients(model, hook, cache, decision, mu, z, ig_steps)
         with torch.no_grad():
             for r in range(repeats):
-                logits = forward_variants(model, hook, cache, q, ids[q], None, 1)[0]
-                rep[i, r] = float(margin(logits, ev.target_id, ev.competitor_ids))
+                logits = forward_variants(model, hook, cache, decision.q, decision.token_id, None, 1)[0]
+                rep[i, r] = float(margin(logits, decision.target_id, decision.competitor_ids))
         if progress is not None:
             progress()
     return SelfTest(exact, intact, detached, integrated, clean, rep, np.array([e.pos for e in events]))
