@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from mistill.evaluate.fidelity import simulatability_gain, simulatability_gain_per_note
-from mistill.evaluate.leakage_adjusted import leakage_adjusted, leakage_adjusted_from_answers, leaks
+from mistill.evaluate.leakage_adjusted import leak_flags, leakage_adjusted, leaks
 
 # note: (teacher answer a_T, sim(note ⊕ r), sim(note), sim(r))
 TABLE = {
@@ -22,6 +22,11 @@ TABLE = {
 }
 GAINS = {"n1": 1 / 3, "n2": 1.0, "n3": -2 / 15, "n4": 1.0, "n5": -1.0, "n6": 0.0}
 LEAKS = {"n1": True, "n2": True, "n3": False, "n4": True, "n5": False, "n6": True}
+
+
+def leakage_adjusted_from_answers(with_r, note_only, alone, teacher):
+    """The stage's path (`mistill evaluate fidelity`): App. K's per-note gains, each note's leak, the adjusted mean."""
+    return leakage_adjusted(simulatability_gain_per_note(with_r, note_only, teacher), leak_flags(alone, teacher))
 
 
 def columns(notes):

@@ -55,7 +55,7 @@ def cmd_fidelity(args) -> int:
     import numpy as np
 
     from mistill.evaluate import fidelity as fd
-    from mistill.evaluate.leakage_adjusted import leakage_adjusted, leaks
+    from mistill.evaluate.leakage_adjusted import leak_flags, leakage_adjusted
     from mistill.io import provenance, write_json
 
     params = _params()
@@ -100,7 +100,7 @@ def cmd_fidelity(args) -> int:
         out["las"] = float(np.mean(list(per_note["las"].values()))) if sim else float("nan")
         answered_alone = ["rationale_only" in r for r in sim]
         if sim and all(answered_alone):
-            leaking = [leaks(r["rationale_only"], a) for r, a in zip(sim, answers)]
+            leaking = leak_flags([r["rationale_only"] for r in sim], answers)
             per_note["leaks"] = dict(zip(noted, leaking))
             adjusted = leakage_adjusted(gains, leaking)
             out["las_leakage_adjusted"] = adjusted.value

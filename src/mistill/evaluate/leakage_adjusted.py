@@ -46,13 +46,18 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from mistill.evaluate.fidelity import simulatability_gain_per_note
-
 
 def leaks(pred_rationale_only: Sequence[str], teacher_answer: Sequence[str]) -> bool:
     """Whether the rationale alone gives the answer away: the simulator's rationale-only answer is the
     teacher's answer as a set (F1 = 1)."""
     return set(pred_rationale_only) == set(teacher_answer)
+
+
+def leak_flags(pred_rationale_only: Sequence[Sequence[str]], teacher_answers: Sequence[Sequence[str]]) -> list[bool]:
+    """`leaks` of every note, the simulator's rationale-only answers against the teacher's answers."""
+    if len(pred_rationale_only) != len(teacher_answers):
+        raise ValueError(f"{len(pred_rationale_only)} rationale-only answers for {len(teacher_answers)} notes")
+    return [leaks(r, a) for r, a in zip(pred_rationale_only, teacher_answers)]
 
 
 @dataclass(frozen=True)
@@ -87,14 +92,3 @@ def leakage_adjusted(gains: Sequence[float], leaking: Sequence[bool]) -> Leakage
     present = [m for m in means if m is not None]
     return LeakageAdjusted(value=float(np.mean(present)), leaking_gain=means[0], nonleaking_gain=means[1],
                            n_leaking=int(mask.sum()), n_nonleaking=int((~mask).sum()))
-
-
-def leakage_adjusted_from_answers(pred_with_rationale: Sequence[Sequence[str]],
-                                  pred_note_only: Sequence[Sequence[str]],
-                                  pred_rationale_only: Sequence[Sequence[str]],
-                                  teacher_answers: Sequence[Sequence[str]]) -> LeakageAdjusted:
-    """The leakage-adjusted simulatability from the simulator's three answers per note."""
-    if len(pred_rationale_only) != len(teacher_answers):
-        raise ValueError(f"{len(pred_rationale_only)} rationale-only answers for {len(teacher_answers)} notes")
-    gains = simulatability_gain_per_note(pred_with_rationale, pred_note_only, teacher_answers)
-    return leakage_adjusted(gains, [leaks(r, a) for r, a in zip(pred_rationale_only, teacher_answers)])

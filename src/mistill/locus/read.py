@@ -47,6 +47,11 @@ def read_dir(locus_dir: str | Path) -> Path:
     return Path(f"{locus_dir}-read")
 
 
+def group_size(settings, n_heads_total: int) -> int:
+    """The groups' size: the larger of params locus.k (the paper's 16), at most every head."""
+    return min(max(settings.k), n_heads_total)
+
+
 def locus_groups(prose: np.ndarray, emission: np.ndarray, k: int, rng: np.random.Generator) -> dict[str, list[int]]:
     """The four groups of flat head ids (layer * n_heads + head)."""
     from mistill.instrument.global_sets import ranking
@@ -60,8 +65,8 @@ def read_locus_note(lm, trace, note, locus: dict, prose: np.ndarray, emission: n
     """Every group's read at each window-decided mention's locus of one note."""
     from mistill.locus.passes import window_mentions
 
-    k = min(max(lm.settings.k), prose.size)
-    groups = locus_groups(prose, emission, k, note_rng(lm.settings.seed, note.note_id + ":locus-read-random"))
+    rng = note_rng(lm.settings.seed, note.note_id + ":locus-read-random")
+    groups = locus_groups(prose, emission, group_size(lm.settings, prose.size), rng)
     text, ids, offsets, completion_at = model_input(lm.tokenizer, trace)
     layout = note_layout(text, offsets, trace.prompt, completion_at)
     mentions = window_mentions(lm, note, locus)
@@ -133,6 +138,6 @@ def run_locus_read(cfg: InstrumentConfig, settings, params: dict, *, model=None,
               inputs_of, compute)
     notes = {p.parent.name: read_json(p, "locus read") for p in sorted(out.glob(f"*/{ARTIFACT}"))}
     summary = summarize_locus_reads(notes)
-    write_json(out / SUMMARY, {**summary, "k": min(max(settings.k), prose.size),
+    write_json(out / SUMMARY, {**summary, "k": group_size(settings, prose.size),
                                "provenance": provenance(params, settings.seed)})
     return summary
