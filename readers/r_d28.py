@@ -71,8 +71,8 @@ def compute_values(params: dict) -> tuple[dict, list[Path]]:
         runs[row] = {seed: load_rows(d) for seed, d in dirs.items()}
         inputs += [d / "prefix_edit.json" for d in dirs.values()]
     if not runs:
-        raise UserError(f"{root}: no arm has the own-heads edits (M6/<arm>-s<seed>/prefix_edit.json)")
-    art = f"{root}/M6/*/prefix_edit.jsonl"
+        raise UserError(f"{root}: no arm has the own-heads edits (M6-edits/<arm>-s<seed>/prefix_edit.json)")
+    art = f"{root}/M6-edits/*/prefix_edit.jsonl"
     v: dict[str, dict] = {}
     for row, by_seed in runs.items():
         shared = shared_events(list(by_seed.values()))

@@ -27,6 +27,7 @@ from mistill.evaluate.available_pairs import available_pair_comparison
 from mistill.evaluate.compare import arm_values, clustered, seed_dirs, seed_medians
 from mistill.evaluate.edit_effects import load_rows, per_note_effect, shared_events
 from mistill.evaluate.matched import Family
+from mistill.evaluate.own_heads import edits_dir
 from mistill.evaluate.own_trace_readout import OwnTraceArm
 from mistill.evaluate.own_traces import own_trace_root
 from mistill.evaluate.readout import (
@@ -130,8 +131,9 @@ def compute_values(params: dict) -> tuple[dict, list[Path]]:
     v.update(minus_reference("per_note_microf1_diff", runs, vanilla, notes, stats, who))
 
     # -- the trace edits ---------------------------------------------------------------------------------
-    mine_edits = {s: load_rows(Path(fp32.runs[s].where("variant"))) for s in seeds}
-    ref_edits = {s: load_rows(root / "M6" / f"{label}-s{s}") for s in seeds}
+    mine_edits = {s: load_rows(fp32.runs[s].edits_dir("variant")) for s in seeds}
+    ref_edits = {s: load_rows(edits_dir(root, label, s)) for s in seeds}
+    inputs += [*(fp32.runs[s].edits_dir("variant") for s in seeds), *(edits_dir(root, label, s) for s in seeds)]
     shared = shared_events([*mine_edits.values(), *ref_edits.values()])
     paired("prefix_edit_diff", {s: per_note_effect(r, shared) for s, r in mine_edits.items()},
            {s: per_note_effect(r, shared) for s, r in ref_edits.items()},

@@ -20,7 +20,7 @@ from scipy.stats import spearmanr
 
 from mistill.errors import UserError
 from mistill.evaluate.compare import arm_values, clustered, knockin_rows, note_recovery, seed_dirs
-from mistill.evaluate.own_heads import arm_dirs
+from mistill.evaluate.own_heads import arm_dirs, edits_dir
 from mistill.evaluate.readout import baseline_label
 from mistill.instrument.attribution import fidelity
 from mistill.instrument.calibration import calibrate, note_contrast
@@ -1893,10 +1893,10 @@ def test_r_d30_three_seeds_at_the_fp32_pick_by_hand(tmp_path):
         lift[arm] = rng.uniform(0.5, 3.0, len(notes))
         edit[arm] = rng.uniform(-0.5, 1.5, len(notes))
         _own_heads_by_hand({arm: place}, seed, notes, {arm: rec[arm]}, {arm: lift[arm]}, bins, "P2C")
-        m6 = arm_dirs(*place, seed)[1]
-        write_json(m6 / "prefix_edit.json", {"notes": notes})
+        edits = edits_dir(*place, seed)
+        write_json(edits / "prefix_edit.json", {"notes": notes})
         for note, effect in zip(notes, edit[arm]):   # one event, identity margin 2, every replacement 2 - effect
-            write_jsonl(m6 / note / "prefix_edit.jsonl", [{"pos": 7, "margin_identity": 2.0, "margin": {
+            write_jsonl(edits / note / "prefix_edit.jsonl", [{"pos": 7, "margin_identity": 2.0, "margin": {
                 "filler": 2.0 - effect, "unrelated": 2.0 - effect, "other_category": None}}])
 
     # own completed generations: a seeded subset of the notes per run, top and random cells

@@ -342,3 +342,40 @@ def test_a_variant_of_the_main_recipe_takes_the_main_run_unless_it_is_a_replicat
     assert configs["same"]["same_run_as"] == str(main_run) and "same_run_as" not in configs["again"]
     weights = {name: (run / "model" / "model.safetensors").read_bytes() for name, run in runs.items()}
     assert weights["same"] == weights["again"] == (project / main_run / "model" / "model.safetensors").read_bytes()
+
+
+def test_a_selection_cell_is_reused_only_for_the_weights_its_readout_names(tmp_path, monkeypatch):
+    """`run_cell` hands the run to the trainer every time (which restarts it when the recipe changed) and reuses
+    the kept readout only while the weights are the ones it was computed on; new weights are evaluated again."""
+    from types import SimpleNamespace
+
+    from mistill.distill import selection_commands
+
+    cell_dir = tmp_path / "g" / "l1"
+    weights = cell_dir / "run" / "model" / "model.safetensors"
+    weights.parent.mkdir(parents=True)
+    weights.write_bytes(b"first weights")
+    trained, evaluated = [], []
+
+    def fake_train(params, spec):
+        trained.append(spec)
+        if params.get("retrain"):
+            weights.write_bytes(b"weights of a changed recipe")
+
+    def evaluate(args):
+        evaluated.append(args)
+        write_json(cell_dir / "task.json", {"metrics": {"micro_f1": 0.5 + len(evaluated) / 10}})
+        write_json(cell_dir / "m1.json", {"m1": {"P2C": {"p_margin_positive": 0.9}}})
+        return 0
+
+    parser = SimpleNamespace(parse_args=lambda step: SimpleNamespace(func=evaluate))
+    monkeypatch.setattr(selection_commands, "train_run", fake_train)
+    monkeypatch.setattr(selection_commands, "cell_spec", lambda params, entry, lam, run: run)
+    validation = {"notes": "n", "traces": "t", "events_dir": "e", "m1_notes": "m"}
+    run = lambda params: selection_commands.run_cell(params, parser, "g", {}, 1.0, tmp_path / "g", validation)  # noqa: E731
+
+    assert run({}).micro_f1 == pytest.approx(0.6)                  # no readout yet: trained, evaluated
+    assert run({}).micro_f1 == pytest.approx(0.6)                  # unchanged weights: the readout is reused
+    assert len(trained) == 2 and len(evaluated) == 1
+    assert run({"retrain": True}).micro_f1 == pytest.approx(0.7)   # the trainer retrained: evaluated again
+    assert len(trained) == 3 and len(evaluated) == 2

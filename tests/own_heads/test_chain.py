@@ -47,12 +47,15 @@ def test_chain_writes_every_artifact(chain):
         assert json.loads((m6 / "readside.json").read_text())["k"] == 3
         # wall time lies beside each output directory, out of its hashed bytes
         assert not (m6 / "timing.json").exists() and not (root / "HD-S" / f"{arm}-s0" / "timing.json").exists()
-        assert set(json.loads((root / "timing" / f"M6-{arm}-s0.json").read_text())["seconds"]) == {"knockin", "readside",
-                                                                                                   "edits"}
+        assert set(json.loads((root / "timing" / f"M6-{arm}-s0.json").read_text())["seconds"]) == {"knockin",
+                                                                                                   "readside"}
+        assert set(json.loads((root / "timing" / f"M6-edits-{arm}-s0.json").read_text())["seconds"]) == {"edits"}
         assert set(json.loads((root / "timing" / f"HD-S-{arm}-s0.json").read_text())["seconds"]) == {"attribute"}
         for note in faith["notes"]:
             assert (m6 / note / "patch2.jsonl").exists() and (m6 / note / "readside.jsonl").exists()
-            assert (m6 / note / "prefix_edit.jsonl").exists()
+            # the edits in their own directory, beside the realised events they were read at
+            assert (root / "M6-edits" / f"{arm}-s0" / note / "prefix_edit.jsonl").exists()
+            assert not (m6 / note / "prefix_edit.jsonl").exists()
 
 
 def test_student_edits_equal_a_brute_force_forward_and_use_the_own_top2(chain):
@@ -64,7 +67,7 @@ def test_student_edits_equal_a_brute_force_forward_and_use_the_own_top2(chain):
     root, _, students, _ = chain
     checked = 0
     for arm, (model, tok) in students.items():
-        m6 = root / "M6" / f"{arm}-s0"
+        m6 = root / "M6-edits" / f"{arm}-s0"
         sets = load_head_sets(root / "HD-S" / f"{arm}-s0" / "head_sets_contrast.json")
         top2 = np.argsort(-phase_scores(sets, "P2C"), kind="stable")[:2]
         summary = json.loads((m6 / "prefix_edit.json").read_text())

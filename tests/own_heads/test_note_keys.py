@@ -27,8 +27,10 @@ def arm(tmp_path_factory, teacher_tokenizer):
     return root, run
 
 
-def stamps(m6) -> dict[str, int]:
-    return {p.relative_to(m6).as_posix(): p.stat().st_mtime_ns for p in sorted(m6.glob("*/*.jsonl"))}
+def stamps(root) -> dict[str, int]:
+    """The per-note files of the arm's readouts (M6) and trace edits (M6-edits), by path under `root`."""
+    files = [p for kind in ("M6", "M6-edits") for p in sorted((root / kind / "qwen-s0").glob("*/*.jsonl"))]
+    return {p.relative_to(root).as_posix(): p.stat().st_mtime_ns for p in files}
 
 
 def rewritten(before: dict[str, int], after: dict[str, int]) -> list[str]:
@@ -38,15 +40,14 @@ def rewritten(before: dict[str, int], after: dict[str, int]) -> list[str]:
 
 def test_unchanged_inputs_recompute_nothing(arm):
     root, run = arm
-    before = stamps(root / "M6" / "qwen-s0")
+    before = stamps(root)
     run()
-    assert rewritten(before, stamps(root / "M6" / "qwen-s0")) == []
+    assert rewritten(before, stamps(root)) == []
 
 
 def test_a_changed_trace_recomputes_that_note_and_the_note_it_donates_to(arm):
     root, run = arm
-    m6 = root / "M6" / "qwen-s0"
-    before = stamps(m6)
+    before = stamps(root)
     path = root / "TR-008" / "traces.jsonl"
     rows = read_jsonl(path)
     assert "patient note 2 with" in rows[2]["prompt"]
@@ -55,21 +56,24 @@ def test_a_changed_trace_recomputes_that_note_and_the_note_it_donates_to(arm):
     write_jsonl(path, rows)
     run()
     # note2: realised events, knock-in, read side, edits; note1: knock-in, whose donor is note2 (App. K)
-    assert rewritten(before, stamps(m6)) == ["note1/patch2.jsonl", "note2/events.jsonl", "note2/patch2.jsonl",
-                                             "note2/prefix_edit.jsonl", "note2/readside.jsonl"]
-    meta = json.loads((m6 / "note1" / "patch2.jsonl.meta.json").read_text())
+    assert rewritten(before, stamps(root)) == ["M6-edits/qwen-s0/note2/events.jsonl",
+                                               "M6-edits/qwen-s0/note2/prefix_edit.jsonl",
+                                               "M6/qwen-s0/note1/patch2.jsonl", "M6/qwen-s0/note2/events.jsonl",
+                                               "M6/qwen-s0/note2/patch2.jsonl", "M6/qwen-s0/note2/readside.jsonl"]
+    meta = json.loads((root / "M6" / "qwen-s0" / "note1" / "patch2.jsonl.meta.json").read_text())
     assert meta["donor"] == "note2" and len(meta["inputs_sha256"]) == 64
 
 
 def test_changed_teacher_events_recompute_the_notes_that_read_them(arm):
     root, run = arm
-    m6 = root / "M6" / "qwen-s0"
-    before = stamps(m6)
+    before = stamps(root)
     path = root / "TR-008" / "events" / "note0" / "events.jsonl"
     events = read_jsonl(path)
     last_p2 = max(i for i, e in enumerate(events) if e["kind"] == "P2")
     write_jsonl(path, events[:last_p2] + events[last_p2 + 1:])
     run()
     # note0's realised events lose the event; note3's knock-in reads them too: its donor is note0 (wrap)
-    assert rewritten(before, stamps(m6)) == ["note0/events.jsonl", "note0/patch2.jsonl", "note0/prefix_edit.jsonl",
-                                             "note0/readside.jsonl", "note3/patch2.jsonl"]
+    assert rewritten(before, stamps(root)) == ["M6-edits/qwen-s0/note0/events.jsonl",
+                                               "M6-edits/qwen-s0/note0/prefix_edit.jsonl",
+                                               "M6/qwen-s0/note0/events.jsonl", "M6/qwen-s0/note0/patch2.jsonl",
+                                               "M6/qwen-s0/note0/readside.jsonl", "M6/qwen-s0/note3/patch2.jsonl"]

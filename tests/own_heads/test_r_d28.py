@@ -28,10 +28,10 @@ def _row(pos, identity, filler, unrelated, other, ablated=None):
 
 
 def _write_arm(root: Path, label: str, seed: int, rows_by_note: dict[str, list[dict]]) -> None:
-    m6 = root / "M6" / f"{label}-s{seed}"
+    edits = root / "M6-edits" / f"{label}-s{seed}"
     for note, rows in rows_by_note.items():
-        write_jsonl(m6 / note / "prefix_edit.jsonl", rows)
-    write_json(m6 / "prefix_edit.json", {"notes": list(rows_by_note), "mediation_heads": ["l0h0", "l0h1"]})
+        write_jsonl(edits / note / "prefix_edit.jsonl", rows)
+    write_json(edits / "prefix_edit.json", {"notes": list(rows_by_note), "mediation_heads": ["l0h0", "l0h1"]})
 
 
 @pytest.fixture
@@ -71,8 +71,8 @@ def test_pair_difference_by_hand(params, tmp_path):
         shared = {10, 20} if note == "n0" else {10, 20, 30}
         per_seed = []
         for seed in (0, 1):
-            treated = read_jsonl(tmp_path / "M6" / f"{ARMS['qwen_mistill']}-s{seed}" / note / "prefix_edit.jsonl")
-            control = read_jsonl(tmp_path / "M6" / f"{ARMS['qwen_vanilla_bf16']}-s{seed}" / note / "prefix_edit.jsonl")
+            treated = read_jsonl(tmp_path / "M6-edits" / f"{ARMS['qwen_mistill']}-s{seed}" / note / "prefix_edit.jsonl")
+            control = read_jsonl(tmp_path / "M6-edits" / f"{ARMS['qwen_vanilla_bf16']}-s{seed}" / note / "prefix_edit.jsonl")
             per_seed.append(_note_effect(treated, shared) - _note_effect(control, shared))
         diffs.append(np.mean(per_seed))
     got = values["bf16_qwen_pair_edit_diff"]["value"]

@@ -39,17 +39,21 @@ def cell_spec(params: dict, entry: dict, lam: float, run: Path) -> RunSpec:
 
 
 def run_cell(params: dict, parser, name: str, entry: dict, lam: float, grid_dir: Path, validation: dict) -> Cell:
-    """Train and evaluate one cell, or read it back when its readout names the weights on disk."""
+    """Train and evaluate one cell, or read it back when its readout names the weights on disk.
+
+    The run is always handed to the trainer first: it resumes a killed run, finds a finished one complete, and
+    starts again when the recipe, the student or the targets changed (a kept cell of another recipe would
+    otherwise stand in the grid); the readout is reused only for the weights it was computed on."""
     from mistill.io import file_sha256, read_json, write_json
 
     cell_dir = grid_dir / f"l{lam:g}"
     run, readout = cell_dir / "run", cell_dir / "cell.json"
     weights = run / "model" / "model.safetensors"
+    train_run(params, cell_spec(params, entry, lam, run))
     if readout.is_file() and weights.is_file():
         done = read_json(readout, "selection cell")
         if done.get("weights_sha256") == file_sha256(weights):
             return Cell(lam, float(done["micro_f1"]), float(done["m1_p2c"]))
-    train_run(params, cell_spec(params, entry, lam, run))
     step = ["evaluate", "arm", "--model", str(run / "model"), "--out-dir", str(cell_dir), "--notes", validation["notes"],
             "--teacher-traces", validation["traces"], "--events-dir", validation["events_dir"],
             "--m1-notes", str(validation["m1_notes"])]   # the arm's evaluation on the validation notes

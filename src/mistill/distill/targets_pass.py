@@ -29,6 +29,23 @@ def train_ids(path: Path) -> set[str]:
     return {n.note_id for n in load_notes(path)}
 
 
+def training_notes(cfg: Mapping[str, Any], notes: str | None = None) -> set[str]:
+    """The notes the students train on: those of the training notes file (params distill.train_notes, or
+    `notes`), or the first params distill.n_train of them by the digest of the id (`training_subset`, the
+    rule of a recipe variant's n_train, so a variant's subset lies inside this one)."""
+    from mistill.distill.subsets import training_subset
+
+    path = Path(notes or cfg["train_notes"])
+    ids = train_ids(path)
+    n = cfg.get("n_train")
+    if n is None:
+        return ids
+    if not 1 <= int(n) <= len(ids):
+        raise UserError(f"params distill.n_train {n}: {path} holds {len(ids)} notes; give 1 to {len(ids)} "
+                        "(or null: all of them)")
+    return set(training_subset(sorted(ids), int(n)))
+
+
 def prose_pool(cfg: dict, k: int, path: str | None = None):
     """The teacher's prose-time pool for the window rows (App. I.1): the top-k of the prose ranking that
     the locus pass on the shortlist run writes (App. F pass B; params distill.teacher_prose_sets)."""
@@ -69,7 +86,7 @@ def teacher_targets(params: dict, overrides: Mapping[str, Any], out: Path, *, po
     pools = pl.build_pools(head_sets, k, source="teacher head sets")
     prose = prose_pool(cfg, k, overrides.get("prose_sets")) if int(cfg["window"]) > 0 else None
     traces = load_traces(Path(overrides.get("traces") or cfg["traces"]),
-                          note_ids or train_ids(Path(overrides.get("notes") or cfg["train_notes"])))
+                          note_ids or training_notes(cfg, overrides.get("notes")))
     if not traces:
         raise UserError("no teacher traces for the training notes")
     return compute_targets(model, tokenizer, traces, Path(overrides.get("events_dir") or cfg["events_dir"]),

@@ -3,7 +3,7 @@
 Stage (d) of `mistill.evaluate.own_heads` writes, at the student's realised contrastive events of the test
 notes, teacher-forced on the teacher's traces, the margin after the most recent earlier mention of the
 near-miss is replaced by filler, an unrelated code or a same-chapter code of another category
-(M6/<arm>-s<seed>/<note>/prefix_edit.jsonl):
+(M6-edits/<arm>-s<seed>/<note>/prefix_edit.jsonl):
 
     effect_v = margin(identity re-feed) - margin(variant v).
 
@@ -24,20 +24,21 @@ from mistill.io import read_json, read_jsonl
 
 
 def arm_edit_dirs(root: Path, label: str) -> dict[int, Path]:
-    """seed -> M6/<label>-s<seed> holding prefix_edit.json."""
+    """seed -> M6-edits/<label>-s<seed> holding prefix_edit.json."""
     out = {}
-    for path in (root / "M6").glob(f"{label}-s*"):
+    for path in (root / "M6-edits").glob(f"{label}-s*"):
         tail = path.name[len(label) + 2:]
         if path.name.startswith(f"{label}-s") and tail.isdigit() and (path / "prefix_edit.json").exists():
             out[int(tail)] = path
     if not out:
-        raise UserError(f"{root}: no M6/{label}-s<seed>/prefix_edit.json; run the own-heads chain's edits stage")
+        raise UserError(f"{root}: no M6-edits/{label}-s<seed>/prefix_edit.json; run the own-heads chain's edits "
+                        "stage")
     return dict(sorted(out.items()))
 
 
-def load_rows(m6_dir: Path) -> dict[str, list[dict]]:
-    summary = read_json(m6_dir / "prefix_edit.json", "edits summary")
-    return {note: read_jsonl(m6_dir / note / "prefix_edit.jsonl") for note in summary["notes"]}
+def load_rows(edits_dir: Path) -> dict[str, list[dict]]:
+    summary = read_json(edits_dir / "prefix_edit.json", "edits summary")
+    return {note: read_jsonl(edits_dir / note / "prefix_edit.jsonl") for note in summary["notes"]}
 
 
 def _complete(row: dict) -> bool:

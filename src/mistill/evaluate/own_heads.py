@@ -22,7 +22,9 @@ test notes (cross-fit, App. K):
     the test notes, teacher-forced: the most recent earlier mention of the near-miss becomes filler,
     an unrelated code or a same-chapter code of another category (`mistill.instrument.edits`, the
     settings of params `read_side.edits`), each re-fed with and without the arm's own top-2 P2C heads
-    mean-ablated at the decision -> M6/<arm>-s<seed>/prefix_edit.json and <note>/prefix_edit.jsonl.
+    mean-ablated at the decision -> M6-edits/<arm>-s<seed>/prefix_edit.json and <note>/prefix_edit.jsonl.
+    A directory of their own: the edits are the chain's costliest stage and only R-D28 and R-D30 read
+    them, so a result that reads the knock-in or the read side (R-D6) never waits for them.
 
 Each stage is a pass over notes, resumable per note (also under `dvc repro`, whose outputs here are
 `persist`): a per-note file is reused only when its meta records the same input key, the digest of
@@ -130,7 +132,7 @@ def tokenizer_key(tokenizer) -> str:
 
 
 def timing_path(directory: Path) -> Path:
-    """Where a stage's wall time goes: `<artifacts>/timing/<HD-S|M6>-<arm>-s<seed>.json`, outside every
+    """Where a stage's wall time goes: `<artifacts>/timing/<HD-S|M6|M6-edits>-<arm>-s<seed>.json`, outside every
     hashed output and every directory a reader depends on (timing differs between runs)."""
     return directory.parent.parent / "timing" / f"{directory.parent.name}-{directory.name}.json"
 
@@ -140,6 +142,11 @@ def arm_dirs(artifacts: str | Path, arm: str, seed: int) -> tuple[Path, Path]:
     kind, so a reader depends on every arm and seed the profile runs through one directory."""
     tag = f"{arm}-s{seed}"
     return Path(artifacts) / "HD-S" / tag, Path(artifacts) / "M6" / tag
+
+
+def edits_dir(artifacts: str | Path, arm: str, seed: int) -> Path:
+    """M6-edits/<arm>-s<seed>: the trace edits (stage (d)) and the realised events they were read at."""
+    return Path(artifacts) / "M6-edits" / f"{arm}-s{seed}"
 
 
 # ---- the teacher's events in the student's tokenizer -------------------------------------------------
@@ -205,7 +212,7 @@ def write_realized_events(traces: Sequence[Trace], events_dir: Path, out_dir: Pa
 @dataclass(frozen=True)
 class ChainRun:
     """One arm and seed's chain: the student and the tokenizers, its settings, and where it writes (HD-S:
-    the own ranking; M6: the readouts on the test notes)."""
+    the own ranking; M6: the readouts on the test notes; M6-edits: the trace edits)."""
 
     model: object
     tokenizer: object
@@ -215,13 +222,17 @@ class ChainRun:
     hd_dir: Path
     m6_dir: Path
     params: dict
+    edits_dir: Path
     limit: int | None = None
     force: bool = False
 
-    def realized_test_events(self, traces: Sequence[Trace], *, force: bool = False) -> dict[str, list[Event]]:
-        """The teacher's events of the test notes realised in the student's tokenizer (M6/<note>/events.jsonl)."""
-        return write_realized_events(traces, Path(self.cfg.test_events_dir), self.m6_dir, self.teacher_tokenizer,
-                                     self.tokenizer, self.params, seed=self.cfg.seed, force=force)
+    def realized_test_events(self, traces: Sequence[Trace], *, force: bool = False,
+                             out_dir: Path | None = None) -> dict[str, list[Event]]:
+        """The teacher's events of the test notes realised in the student's tokenizer (<out_dir, M6>/<note>/
+        events.jsonl): each output directory keeps its own copy, so no stage writes into another's."""
+        return write_realized_events(traces, Path(self.cfg.test_events_dir), out_dir or self.m6_dir,
+                                     self.teacher_tokenizer, self.tokenizer, self.params, seed=self.cfg.seed,
+                                     force=force)
 
 
 # ---- (a) the student's own ranking ------------------------------------------------------------------
@@ -387,7 +398,7 @@ def readside_stage(run: ChainRun) -> dict:
 
 def edits_stage(run: ChainRun) -> dict:
     """App. E's prefix edits at the student's realised P2C events of the test notes, mediated by the arm's
-    own top-2 P2C heads -> <note>/prefix_edit.jsonl, prefix_edit.json."""
+    own top-2 P2C heads -> M6-edits/<arm>-s<seed>/<note>/prefix_edit.jsonl, prefix_edit.json."""
     from mistill.instrument.edits import (
         EditSettings,
         NoteInput,
@@ -410,14 +421,14 @@ def edits_stage(run: ChainRun) -> dict:
                             seed=run.cfg.seed, max_events=edits.max_events_per_note)
     codes = [c.code for c in load_inventory((run.params.get("instrument") or {})["inventory"])]
     digest = _digest(run.cfg.digest(), json.dumps(dataclasses.asdict(settings)), weights_fingerprint(run.model))
-    note_pass = NotePass("edits", run.m6_dir, "prefix_edit.jsonl", read_jsonl, run.force, digest)
+    note_pass = NotePass("edits", run.edits_dir, "prefix_edit.jsonl", read_jsonl, run.force, digest)
     traces = test_traces(run.cfg, run.limit)
-    realized = run.realized_test_events(traces)
+    realized = run.realized_test_events(traces, force=run.force, out_dir=run.edits_dir)
     edited = [t for t in traces if t.note_id in realized]
     hook = HeadHook(run.model)
     try:
         for trace in tqdm(note_pass.shard.mine(edited), desc="edits", unit="note"):
-            key = inputs_sha256(trace.prompt, trace.completion, run.m6_dir / trace.note_id / "events.jsonl")
+            key = inputs_sha256(trace.prompt, trace.completion, run.edits_dir / trace.note_id / "events.jsonl")
             if not note_pass.needs(trace.note_id, key):
                 continue
             note = NoteInput.from_trace(run.tokenizer, trace)
@@ -437,7 +448,7 @@ def edits_stage(run: ChainRun) -> dict:
             "notes": [t.note_id for t in edited if t.note_id not in note_pass.skipped],
             "heads_from": str(run.hd_dir / "head_sets_contrast.json"), "provenance": provenance(run.params, run.cfg.seed)}
     if note_pass.shard.leader:
-        write_json(run.m6_dir / "prefix_edit.json", body)
+        write_json(run.edits_dir / "prefix_edit.json", body)
     return body
 
 
@@ -490,7 +501,8 @@ def run_chain(model_spec: str, arm: str, seed: int, params: dict, *, stages: Seq
         from mistill.models.loading import ModelSpec, load_tokenizer
 
         teacher_tokenizer = load_tokenizer(ModelSpec.from_params(params.get("models") or {}, "teacher"))
-    run = ChainRun(model, tokenizer, teacher_tokenizer, cfg, inst, hd_dir, m6_dir, params, limit, force)
+    run = ChainRun(model, tokenizer, teacher_tokenizer, cfg, inst, hd_dir, m6_dir, params,
+                   edits_dir(cfg.artifacts, arm, seed), limit, force)
     passes = {"attribute": attribution_stage, "knockin": knockin_stage, "readside": readside_stage,
               "edits": edits_stage}
     timing: dict[str, float] = {}
@@ -502,7 +514,8 @@ def run_chain(model_spec: str, arm: str, seed: int, params: dict, *, stages: Seq
         timing[stage] = time.perf_counter() - start
     # each directory records the stages that write it, so the attribution (HD-S) and the readouts (M6)
     # can be separate pipeline stages with disjoint outputs
-    for directory, owned in ((hd_dir, ("attribute",)), (m6_dir, ("knockin", "readside", "edits"))):
+    for directory, owned in ((hd_dir, ("attribute",)), (m6_dir, ("knockin", "readside")),
+                             (run.edits_dir, ("edits",))):
         part = {k: v for k, v in timing.items() if k in owned}
         if not part or not current_shard().leader:
             continue

@@ -23,7 +23,7 @@ from pathlib import Path
 from mistill.distill.runs import variant, variant_label, variant_run_dir
 from mistill.errors import UserError
 from mistill.evaluate.compare import arm_values, clustered, seed_dirs, seed_medians
-from mistill.evaluate.own_heads import OwnHeadsConfig
+from mistill.evaluate.own_heads import OwnHeadsConfig, edits_dir
 from mistill.evaluate.readout import (
     FAMILIES,
     LAS_DIR,
@@ -108,6 +108,11 @@ class VariantReadout:
     def where(self, arm: str) -> str:
         root, label = self.arms[arm]
         return f"{root}/M6/{label}-s{self.arm_seed(arm)}"
+
+    def edits_dir(self, arm: str) -> Path:
+        """The arm's trace edits (the own-heads chain's stage (d)) at its seed."""
+        root, label = self.arms[arm]
+        return edits_dir(root, label, self.arm_seed(arm))
 
     def _at_seed(self, values: dict[int, dict[str, float]], arm: str) -> dict[int, dict[str, float]]:
         """The arm's values at its seed, keyed by the variant's, so that a comparison pairs them."""
