@@ -21,6 +21,7 @@ from __future__ import annotations
 import statistics
 from pathlib import Path
 
+from mistill.distill.runs import FP32_MISTILL_VARIANTS
 from mistill.errors import UserError
 from mistill.evaluate.compare import arm_values, clustered, seed_dirs, seed_medians
 from mistill.evaluate.readout import (
@@ -40,7 +41,7 @@ from mistill.io import read_jsonl
 from mistill.stats import StatsParams
 
 READER = "readers/r_d17.py"
-FP32_MISTILL = ("fp32mistill", "fp32mistill1", "fp32mistill2")
+FP32_MISTILL = FP32_MISTILL_VARIANTS   # params variants.arms entries: Qwen, fp32, seeds 0-2
 
 
 def keys(params: dict) -> list[str]:

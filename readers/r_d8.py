@@ -2,8 +2,9 @@
 
 Mistill and bf16 Vanilla CoT-KD trained on two smaller nested subsets of the training notes (the paper's 100 and
 250 of 493; recipe variants `mistilln100`, `vanillan100`, `mistilln250`, `vanillan250`, params variants.arms,
-switch `n_train`, seed 0) beside the main runs on every training note (Mistill and bf16 Vanilla CoT-KD at every
-seed of distill.seeds, fp32 Vanilla CoT-KD the precision-mixed point).
+switch `n_train`, seed 0) beside the main runs on the whole training set (every note params distill.n_train
+leaves, the paper's 493; Mistill and bf16 Vanilla CoT-KD at every seed of distill.seeds, fp32 Vanilla CoT-KD the
+precision-mixed point).
 
 Read at each size: corpus micro-F1 of both arms; the paired task comparison as notes on which Mistill's per-note
 F1 is higher and lower with the exact sign test (at the full size the note-pairs of every seed pair pooled and

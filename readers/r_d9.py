@@ -10,7 +10,9 @@ memory on a CPU).  Per arm:
   notes, at its epochs), as the range over the arm's runs (every student, precision and seed);
 * the whole training set: a Qwen Mistill run's minutes and an fp32 Vanilla run's hours (mean over
   seeds), and the fp32 ("tier-1") runs' largest logged peak;
-* the median step time of each Mistill run, in minutes per step of the batch's notes (range over runs).
+* the median step time of each Mistill run, in minutes per step of the batch's notes (range over runs);
+* Mistill with fp32 master weights (R-D17's runs, recipe variants of params variants.arms): the largest
+  logged peak.
 
 Beside them, the same figures at the paper's shape from the GPU benchmark of one training note
 (`benchmarks/bench_training.py --shape qwen3-4b` on an H200, committed in benchmarks/results): a
@@ -24,7 +26,7 @@ import json
 import statistics
 from pathlib import Path
 
-from mistill.distill.runs import run_dir
+from mistill.distill.runs import FP32_MISTILL_VARIANTS, run_dir, variant, variant_run_dir
 from mistill.errors import UserError
 from mistill.evaluate.readout import main_for, training_seeds, value
 from mistill.io import read_json, read_jsonl
@@ -38,7 +40,8 @@ def keys(params: dict) -> list[str]:
     """Every key this reader can write under `params` (the same under every profile)."""
     return ["qwen_mistill_step_peak_memory", "qwen_mistill_time_per_note", "vanilla_100_notes_train_time",
             "mistill_100_notes_train_time", "mistill_493_notes_train_time", "tier1_logged_peak_memory",
-            "mistill_step_time", "vanilla_fp32_493_train_time", "mistill_over_vanilla_time_per_note",
+            "mistill_step_time", "vanilla_fp32_493_train_time", "fp32_mistill_memory",
+            "mistill_over_vanilla_time_per_note",
             "paper_shape_qwen_mistill_step_peak_memory", "paper_shape_qwen_mistill_time_per_note",
             "paper_shape_qwen_vanilla_step_peak_memory", "paper_shape_qwen_vanilla_time_per_note"]
 
@@ -82,8 +85,20 @@ def runs(params: dict) -> list[Run]:
     return out
 
 
+def fp32_mistill_runs(params: dict) -> list[Run]:
+    """R-D17's Mistill runs with fp32 master weights (recipe variants), one per seed."""
+    variants = params.get("variants") or {}
+    out = []
+    for name in FP32_MISTILL_VARIANTS:
+        entry = variant(variants, name)
+        out.append(Run(variant_run_dir(variants["dir"], name, entry), f"student_{entry['student']}", "mistill",
+                       entry["precision"], int(entry["seed"])))
+    return out
+
+
 def compute_values(params: dict) -> tuple[dict, list[Path]]:
     every = runs(params)
+    fp32_mistill = fp32_mistill_runs(params)
     qwen = next(iter(params["distill"]["students"]))   # the first student is Qwen3-4B's stand-in
     mistill = [r for r in every if r.arm == "mistill"]
     vanilla = [r for r in every if r.arm == "vanilla"]
@@ -122,6 +137,9 @@ def compute_values(params: dict) -> tuple[dict, list[Path]]:
         "vanilla_fp32_493_train_time": value(statistics.mean(r.seconds / 3600 for r in qwen_fp32),
                                              f"hours of a Qwen fp32 Vanilla CoT-KD run on the whole training set "
                                              f"({qwen_fp32[0].training_notes} notes), mean over seeds", where),
+        "fp32_mistill_memory": value(max(r.peak_gib for r in fp32_mistill), f"{peak}, Mistill runs with fp32 master "
+                                     f"weights ({', '.join(FP32_MISTILL_VARIANTS)})",
+                                     f"{params['variants']['dir']}/DT-001/*/metrics.jsonl"),
         "mistill_over_vanilla_time_per_note": value(
             per_note(mistill) / per_note(vanilla), "ratio of seconds per training note, Mistill over Vanilla CoT-KD "
             "runs", where),
@@ -137,7 +155,7 @@ def compute_values(params: dict) -> tuple[dict, list[Path]]:
                                                               f"allocated, {shape}", BENCHMARK)
         v[f"paper_shape_qwen_{arm}_time_per_note"] = value(cell["seconds_per_note"], f"seconds per training note, "
                                                            f"forward and backward, {shape}", BENCHMARK)
-    return v, [*(r.path / "metrics.jsonl" for r in every), BENCHMARK]
+    return v, [*(r.path / "metrics.jsonl" for r in (*every, *fp32_mistill)), BENCHMARK]
 
 
 if __name__ == "__main__":

@@ -1081,6 +1081,14 @@ def test_r_d9_costs_from_run_logs_by_hand(tmp_path):
                 peak = (10 + s_i + a_i) * gib
                 write_jsonl(d / "metrics.jsonl", [{"notes": n, "step_time_s": step_s, "peak_memory_bytes": peak}
                                                   for n in (8, 8, 4)])
+    # R-D17's fp32 Mistill variants: peaks 20, 21, 22 GiB
+    from mistill.distill.runs import FP32_MISTILL_VARIANTS, variant_run_dir
+
+    params["variants"]["dir"] = str(tmp_path / "variants")
+    for i, name in enumerate(FP32_MISTILL_VARIANTS):
+        d = variant_run_dir(params["variants"]["dir"], name, params["variants"]["arms"][name])
+        write_json(d / "config.json", {"example_ids": [f"n{i}" for i in range(20)]})
+        write_jsonl(d / "metrics.jsonl", [{"notes": 8, "step_time_s": 60.0, "peak_memory_bytes": (20 + i) * gib}])
     module = reader("R-D9")
     values, _ = module.compute_values(params)
     _assert_writes_what_it_lists(module, params, values)
@@ -1091,6 +1099,7 @@ def test_r_d9_costs_from_run_logs_by_hand(tmp_path):
     assert got["vanilla_100_notes_train_time"] == [30.0 * 5 / 60] * 2
     assert got["mistill_step_time"] == [0.5, 0.5] and got["mistill_over_vanilla_time_per_note"] == 3.0
     assert got["tier1_logged_peak_memory"] == 12.0                         # smollm's fp32 Vanilla: 10 + 1 + 1
+    assert got["fp32_mistill_memory"] == 22.0                              # the largest fp32 Mistill peak
     assert got["vanilla_fp32_493_train_time"] == 30.0 / 3600
     assert got["paper_shape_qwen_mistill_step_peak_memory"] > got["paper_shape_qwen_vanilla_step_peak_memory"]
 

@@ -90,3 +90,43 @@ def test_mediated_share_by_hand(params, tmp_path):
     _write_arm(tmp_path, ARMS["qwen_mistill"], 0, rows)
     values, _ = reader().compute_values(params)
     assert values["student_top2_mediated_share_mistill_s0"]["value"] == pytest.approx(0.9)
+
+
+def test_fp32_pairs_read_the_recipe_variants_against_fp32_vanilla(params, tmp_path):
+    """The fp32 pairs: R-D17's fp32 Mistill variants (every seed) and the fp32 pick's seed 0, each seed-matched
+    against fp32 Vanilla CoT-KD, on the events both carry; a variant without edits is an error naming the stage."""
+    from mistill.distill.runs import FP32_MISTILL_VARIANTS, variant_label
+    from mistill.evaluate.matched import FAMILIES
+
+    fp32_label = "student-qwen-vanilla-fp32"
+    arms = {**ARMS, "qwen_vanilla_fp32": fp32_label}
+    variants_dir = tmp_path / "variants"
+    entries = {name: {"student": "qwen", "seed": seed, "precision": "fp32"}
+               for names in (FP32_MISTILL_VARIANTS, FAMILIES["fp32"]) for seed, name in enumerate(names)}
+    params = {**params, "variants": {"dir": str(variants_dir), "arms": entries},
+              "evaluate": {**params["evaluate"], "own_heads": {**params["evaluate"]["own_heads"], "arms": arms}}}
+    drops = {name: 0.1 * (i + 1) for i, name in enumerate(entries)}   # each variant's own edit effect, in nats
+    for seed in (0, 1, 2):
+        _write_arm(tmp_path, fp32_label, seed, {f"n{n}": [_row(10, 5.0, 4.8, 4.8, 4.8)] for n in range(4)})
+    for name, entry in entries.items():
+        if name == "fp32pick2":
+            continue                        # R-D28 reads the fp32 pick's seed 0 only
+        _write_arm(variants_dir, variant_label(name, entry), entry["seed"],
+                   {f"n{n}": [_row(10, 5.0, *[4.8 - drops[name]] * 3)] for n in range(4)})
+    values, inputs = reader().compute_values(params)
+    # every note: (0.2 + drop) - 0.2 = the variant's drop; seed-matched, then averaged over the seeds
+    assert values["fp32_pair_lambda01_edit_diff"]["value"] == pytest.approx(
+        np.mean([drops[n] for n in FP32_MISTILL_VARIANTS]))
+    assert values["fp32_pair_lambda001_edit_diff"]["value"] == pytest.approx(drops[FAMILIES["fp32"][0]])
+    assert "1 seed pair(s)" in values["fp32_pair_lambda001_edit_diff"]["statistic"]
+    assert values["fp32_pair_lambda01_edit_diff_notes_higher_lower"]["value"] == [4, 0]
+    assert set(values) <= set(reader().keys(params))
+    assert variants_dir / "M6-edits" / f"student-qwen-{FAMILIES['fp32'][0]}-fp32-s0" / "prefix_edit.json" in inputs
+
+    import shutil
+
+    shutil.rmtree(variants_dir / "M6-edits" / f"student-qwen-{FP32_MISTILL_VARIANTS[1]}-fp32-s1")
+    from mistill.errors import UserError
+
+    with pytest.raises(UserError, match="M6-variant-edits"):
+        reader().compute_values(params)

@@ -1,5 +1,6 @@
-"""params variants.evaluated and variants.own_heads: the recipe variants whose test generations (EV-variant) and
-own-heads chain (M6-variant) some stage reads, and no others, so the grid computes nothing no result reads."""
+"""params variants.evaluated, variants.own_heads and variants.edited: the recipe variants whose test generations
+(EV-variant), own-heads chain (M6-variant) and trace edits (M6-variant-edits) some stage reads, and no others, so the
+grid computes nothing no result reads."""
 
 from __future__ import annotations
 
@@ -38,7 +39,7 @@ def _readers_of(subdir: str) -> dict[str, set[str]]:
 
 
 @pytest.mark.filterwarnings("ignore::DeprecationWarning")
-@pytest.mark.parametrize(("listing", "subdir"), [("evaluated", "DT-eval"), ("own_heads", "M6")])
+@pytest.mark.parametrize(("listing", "subdir"), [("evaluated", "DT-eval"), ("own_heads", "M6"), ("edited", "M6-edits")])
 def test_each_listing_is_exactly_the_variants_whose_outputs_a_stage_reads(listing, subdir):
     variants = load_params(REPO / "params.yaml")["variants"]
     readers = _readers_of(subdir)
@@ -53,5 +54,5 @@ def test_every_profile_lists_the_same_variants():
     data = load_all(REPO / "params.yaml")
     profiles = [name for name, section in data.items() if name != "profile" and "variants" in section]
     assert len(profiles) >= 3
-    for listing in ("arms", "evaluated", "own_heads"):
+    for listing in ("arms", "evaluated", "own_heads", "edited"):
         assert len({tuple(sorted(data[p]["variants"][listing])) for p in profiles}) == 1, listing

@@ -27,6 +27,9 @@ VARIANT_SWITCHES = ("arm", "window", "lambda_p1", "lambda_p2", "lambda_from", "d
 VARIANT_IDENTITY = ("student", "seed", "precision")
 VARIANT_RUN_OPTIONS = ("retrain",)   # how the run is made, not its recipe: train even where a main run has it
 POSITION_RULES = ("events", "random")   # where the loss rows sit: the teacher's events, or RandPos (App. M.1)
+# Mistill with fp32 master weights at the λ selected in bf16, three seeds (App. L.3): R-D17's arm, whose training
+# logs also give R-D9 its fp32 memory
+FP32_MISTILL_VARIANTS = ("fp32mistill", "fp32mistill1", "fp32mistill2")
 
 
 def student_label(student_key: str) -> str:

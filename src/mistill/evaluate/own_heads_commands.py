@@ -21,12 +21,12 @@ def _params():
 
 def variant_stages(stages: list[str], variant: str, params: dict) -> list[str]:
     """A recipe variant's chain traces the edits only when a result reads them: the variants params
-    `variants.own_traces` names (R-D30 reads their edits beside their own traces); no other variant's
-    edits are read, and they are the chain's costliest part."""
+    `variants.edited` names (R-D28 and R-D30 read their edits); no other variant's edits are read, and they are
+    the chain's costliest part."""
     variants = params.get("variants") or {}
     if variant not in (variants.get("arms") or {}):
         raise UserError(f"--variant {variant}: not an entry of params variants.arms")
-    if variant in (variants.get("own_traces") or {}):
+    if variant in (variants.get("edited") or {}):
         return stages
     return [s for s in stages if s != "edits"]
 
