@@ -8,7 +8,8 @@ record: the pick and the validation cells, the test micro-F1, the per-note F1 di
 Vanilla CoT-KD seed, and the own top-k recovery at P2C (the largest and smallest k of evaluate.own_heads.bins,
 the paper's 40 and 8) against fp32 Vanilla CoT-KD's seeds (note-clustered) and bf16 Mistill seed 0.  Beside it
 the transferred-λ arms of R-D17 (`fp32mistill*`) against fp32 and bf16 Vanilla CoT-KD on their own heads,
-seed-matched and note-clustered.
+seed-matched and note-clustered, and two swept cells of the grid beyond the validation notes (params
+selection.fp32_swept, stages EV-cell and M6-cell): one on the test notes, one on its own heads.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from mistill.evaluate.compare import arm_values, clustered, seed_dirs
 from mistill.evaluate.matched import Family
 from mistill.evaluate.readout import arm_labels, load_arms, main_for, per_note_f1, test_notes, value, where
 from mistill.evaluate.variants import VariantReadout
+from mistill.io import read_json
 
 READER = "readers/r_d22.py"
 TRANSFERRED = ("fp32mistill", "fp32mistill1", "fp32mistill2")   # R-D17's runs at the λ selected in bf16
@@ -32,7 +34,7 @@ def keys(params: dict) -> list[str]:
             "own_p2c_k40_lambda001", "own_p2c_k40_lambda001_vs_fp32_vanilla", "own_p2c_k8_lambda001",
             "transferred_lambda_vs_fp32_vanilla_own_p2c", "transferred_lambda_vs_bf16_vanilla_own_p2c",
             "test_microf1_lambda01_seed0", "lambda001_vs_vanilla_seeds_per_note", "lambda001_vs_bf16_mistill_s0_own_p2c",
-            "tie_band",
+            "tie_band", "test_microf1_lambda003_seed0", "lambda03_own_p2c",
             # registry extra_keys
             "own_p2c_k40_lambda001_vs_fp32_vanilla_interval", "val_lambdas_fp32", "val_microf1_cells_fp32",
             "val_m1_p2c_cells_fp32"]
@@ -106,6 +108,28 @@ def compute_values(params: dict) -> tuple[dict, list[Path]]:
         c["mean_difference"], f"mean over notes of the per-note difference, {what0} minus bf16 Mistill seed {seed0} "
         f"(own top-{k} P2C recovery); {c['notes_higher']} higher / {c['notes_lower']} lower of {c['n_notes']}",
         run0.where("variant"))
+
+    # -- two swept cells beyond the validation notes --------------------------------------------------------
+    swept = params["selection"]["fp32_swept"]
+    swept_root = Path(swept["out_dir"])
+    for role in ("test", "own_heads"):
+        if not any(math.isclose(float(swept[role]), c.lam) for c in cells):
+            raise UserError(f"params selection.fp32_swept.{role} {swept[role]}: not a cell of {grid}")
+    test_lam, own_lam = float(swept["test"]), float(swept["own_heads"])
+    task_path = swept_root / "DT-eval" / f"fp32-l{test_lam:g}" / "task.json"
+    v["test_microf1_lambda003_seed0"] = value(
+        float(read_json(task_path, "task metrics")["metrics"]["micro_f1"]), f"corpus micro-F1 on the test notes, the "
+        f"fp32 grid's cell at lambda {test_lam:g} (seed {fp32.entry['seed']})", task_path)
+    cell_label = f"fp32-l{own_lam:g}"
+    own_cell = arm_values(swept_root, cell_label, "m4", phase="P2C", k=k, min_range=run0.cfg.min_range)
+    if int(fp32.entry["seed"]) not in own_cell:
+        raise UserError(f"{swept_root}/M6/{cell_label}-s{fp32.entry['seed']}: not read; run "
+                        "`dvc repro pipelines/own-heads/dvc.yaml:M6-cell`")
+    v["lambda03_own_p2c"] = value(statistics.median(own_cell[int(fp32.entry["seed"])].values()),
+                                  f"median over test notes of the own top-{k} P2C recovery, the fp32 grid's cell at "
+                                  f"lambda {own_lam:g} (seed {fp32.entry['seed']})",
+                                  f"{swept_root}/M6/{cell_label}-s{fp32.entry['seed']}")
+    inputs += [task_path, *seed_dirs(swept_root, cell_label).values()]
 
     # -- the transferred lambda (R-D17's runs) ---------------------------------------------------------------
     transferred = {int(r.seed): r for r in (VariantReadout(name, params) for name in TRANSFERRED)}

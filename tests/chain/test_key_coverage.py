@@ -1838,6 +1838,13 @@ def test_r_d22_fp32_reselection_by_hand(tmp_path):
         rec[arm] = {("P2C", kk): rng.uniform(0.2, 0.95, len(notes)) for kk in bins}
         _own_heads_by_hand({arm: place}, seed, notes, {arm: rec[arm]}, {arm: rng.uniform(1, 2, len(notes))}, bins,
                            "P2C")
+    # the swept cells: 0.03 on the test notes (EV-cell), 0.3 on its own heads (M6-cell), seed 0
+    swept = tmp_path / "DT-select-test"
+    params["selection"]["fp32_swept"] = {"out_dir": str(swept), "test": 0.03, "own_heads": 0.3}
+    write_json(swept / "DT-eval" / "fp32-l0.03" / "task.json", {"metrics": {"micro_f1": 0.203}})
+    rec["cell"] = {("P2C", kk): rng.uniform(0.2, 0.95, len(notes)) for kk in bins}
+    _own_heads_by_hand({"cell": (swept, "fp32-l0.3")}, 0, notes, {"cell": rec["cell"]},
+                       {"cell": rng.uniform(1, 2, len(notes))}, bins, "P2C")
 
     values, _ = reader("R-D22").compute_values(params)
     _assert_writes_what_it_lists(reader("R-D22"), params, values)
@@ -1861,6 +1868,13 @@ def test_r_d22_fp32_reselection_by_hand(tmp_path):
     per_note = np.mean([note_f1(pick[n] or [], GOLD[n]) - note_f1(vanilla[n] or [], GOLD[n]) for n in GOLD])
     assert v["lambda001_vs_vanilla_seeds_per_note"] == pytest.approx([per_note] * 3)
     assert v["test_microf1_lambda01_seed0"] == 1.0 and v["test_microf1_seed0_lambda001"] < 1.0
+    assert v["test_microf1_lambda003_seed0"] == 0.203
+    assert v["lambda03_own_p2c"] == pytest.approx(np.median(rec["cell"][("P2C", k)]))
+
+    params["selection"]["fp32_swept"]["test"] = 0.05    # not a cell of the grid
+    with pytest.raises(UserError, match="not a cell"):
+        reader("R-D22").compute_values(params)
+    params["selection"]["fp32_swept"]["test"] = 0.03
 
     write_json(variant_run_dir(params["variants"]["dir"], "fp32pick1", arms["fp32pick1"]) / "config.json",
                {"arm": {"lambda_p1": 0.1, "lambda_p2": 0.1}})   # a run that did not train at the pick
