@@ -36,6 +36,7 @@ from mistill.evaluate.readout import (
     value,
     where,
 )
+from mistill.evaluate.probe import probe_reading
 from mistill.evaluate.variants import VariantReadout
 from mistill.io import read_jsonl
 from mistill.stats import StatsParams
@@ -50,7 +51,7 @@ def keys(params: dict) -> list[str]:
             "qwen_bf16_vanilla_microf1_seeds", "qwen_fp32_mistill_minus_bf16_mistill",
             "qwen_fp32_mistill_las_vs_fp32_vanilla", "qwen_fp32_mistill_m1_p2c", "qwen_fp32_mistill_own_p2c_seeds",
             "qwen_fp32_mistill_vs_fp32_vanilla_own_p2c", "qwen_fp32_mistill_vs_bf16_vanilla_own_p2c",
-            "qwen_fp32_mistill_vs_bf16_mistill_own_p2c", "qwen_fp32_mistill_own_p2c_k8",
+            "qwen_fp32_mistill_vs_bf16_mistill_own_p2c", "qwen_fp32_mistill_own_p2c_k8", "qwen_fp32_mistill_k8_probe",
             "qwen_fp32_mistill_m2_p2c_vs_bf16_vanilla", "qwen_fp32_mistill_m2_p1", "training_ce_fp32_vanilla_pilot",
             "training_ce_bf16_vanilla_selection", "smollm_bf16_vanilla_valid_rate",
             "qwen_bf16_vanilla_completed_precision_recall",
@@ -165,6 +166,13 @@ def compute_values(params: dict) -> tuple[dict, list[Path]]:
     v["qwen_fp32_mistill_own_p2c_k8"] = value(seed_medians(own(k8))["mean_of_seed_medians"], f"mean over seeds of "
                                               f"the median over test notes of the own top-{k8} P2C recovery, {fp32}",
                                               ", ".join(r.where("variant") for r in reads.values()))
+    # the post-hoc rank probe on seed 0 (mistill.evaluate.probe; stage M6-probe)
+    probe, probe_notes, probe_dir = probe_reading(params, first.name, k8, first.cfg.min_range)
+    v["qwen_fp32_mistill_k8_probe"] = value(
+        statistics.median(probe_notes.values()), f"median over test notes of the P2C recovery of the probe's top-{k8}, "
+        f"fp32 Mistill seed {first.seed}: {probe['head']} (rank {probe['rank_in_arm']} in the arm, ranks "
+        f"{probe['reference_ranks']} in the bf16 Mistill arms) moved into rank {probe['moved_to']}", probe_dir)
+    inputs.append(probe_dir)
     for row, key in (("qwen_vanilla_fp32", "qwen_fp32_mistill_vs_fp32_vanilla_own_p2c"),
                      ("qwen_vanilla_bf16", "qwen_fp32_mistill_vs_bf16_vanilla_own_p2c"),
                      ("qwen_mistill", "qwen_fp32_mistill_vs_bf16_mistill_own_p2c")):

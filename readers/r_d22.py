@@ -21,6 +21,7 @@ from pathlib import Path
 from mistill.errors import UserError
 from mistill.evaluate.compare import arm_values, clustered, seed_dirs
 from mistill.evaluate.matched import Family
+from mistill.evaluate.probe import probe_reading
 from mistill.evaluate.readout import arm_labels, load_arms, main_for, per_note_f1, test_notes, value, where
 from mistill.evaluate.variants import VariantReadout
 from mistill.io import read_json
@@ -34,7 +35,8 @@ def keys(params: dict) -> list[str]:
             "own_p2c_k40_lambda001", "own_p2c_k40_lambda001_vs_fp32_vanilla", "own_p2c_k8_lambda001",
             "transferred_lambda_vs_fp32_vanilla_own_p2c", "transferred_lambda_vs_bf16_vanilla_own_p2c",
             "test_microf1_lambda01_seed0", "lambda001_vs_vanilla_seeds_per_note", "lambda001_vs_bf16_mistill_s0_own_p2c",
-            "tie_band", "test_microf1_lambda003_seed0", "lambda03_own_p2c",
+            "tie_band", "test_microf1_lambda003_seed0", "lambda03_own_p2c", "own_p2c_k8_probe_l35h26_in_rank8",
+            "probe_vs_fp32_vanilla", "l35h26_rank_fp32_arm",
             # registry extra_keys
             "own_p2c_k40_lambda001_vs_fp32_vanilla_interval", "val_lambdas_fp32", "val_microf1_cells_fp32",
             "val_m1_p2c_cells_fp32"]
@@ -108,6 +110,22 @@ def compute_values(params: dict) -> tuple[dict, list[Path]]:
         c["mean_difference"], f"mean over notes of the per-note difference, {what0} minus bf16 Mistill seed {seed0} "
         f"(own top-{k} P2C recovery); {c['notes_higher']} higher / {c['notes_lower']} lower of {c['n_notes']}",
         run0.where("variant"))
+
+    # -- the post-hoc rank probe on the pick's seed 0 (mistill.evaluate.probe) ------------------------------
+    probe, probe_notes, probe_dir = probe_reading(params, run0.name, k8, run0.cfg.min_range)
+    moved = f"{probe['head']} (rank {probe['rank_in_arm']} in the arm, ranks {probe['reference_ranks']} in the bf16 " \
+            f"Mistill arms) moved into rank {probe['moved_to']}"
+    v["own_p2c_k8_probe_l35h26_in_rank8"] = value(statistics.median(probe_notes.values()), f"median over test notes of "
+                                                  f"the P2C recovery of the probe's top-{k8}, {what0}: {moved}",
+                                                  probe_dir)
+    c = clustered({seed0: probe_notes}, main_arm("qwen_vanilla_fp32", k8), stats)
+    v["probe_vs_fp32_vanilla"] = value(
+        c["mean_difference"], f"mean over notes of the per-note difference, the probe's top-{k8} minus fp32 Vanilla "
+        f"CoT-KD's own top-{k8} (its seeds), note-clustered; {c['notes_higher']} higher / {c['notes_lower']} lower of "
+        f"{c['n_notes']}, sign p {c['sign_p']:.3g}", probe_dir)
+    v["l35h26_rank_fp32_arm"] = value(probe["rank_in_arm"], f"rank of {probe['head']} in the own P2C ranking, "
+                                      f"{what0} (the paper's L35H26; the head the probe moves)", probe_dir)
+    inputs.append(probe_dir)
 
     # -- two swept cells beyond the validation notes --------------------------------------------------------
     swept = params["selection"]["fp32_swept"]

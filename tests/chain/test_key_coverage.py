@@ -1597,6 +1597,16 @@ def test_r_d31_r_d32_matched_selection_by_hand(tmp_path):
         reader("R-D32").compute_values(params)
 
 
+def _write_probe(variants_root: Path, label: str, notes: list[str], bins, rng) -> dict:
+    """A rank probe of a variant's seed 0 (stage M6-probe): its probe.json and its probe knock-in recoveries."""
+    rec = {("P2C", kk): rng.uniform(0.2, 0.95, len(notes)) for kk in bins}
+    write_json(variants_root / "probe" / "HD-S" / f"{label}-s0" / "probe.json",
+               {"phase": "P2C", "head": "l1h2", "rank_in_arm": 11, "moved_to": min(bins), "reference_ranks": [3, 3, 3]})
+    _own_heads_by_hand({"probe": (variants_root / "probe", label)}, 0, notes, {"probe": rec},
+                       {"probe": rng.uniform(1, 2, len(notes))}, bins, "P2C")
+    return rec
+
+
 def test_r_d17_precision_control_by_hand(tmp_path):
     """The precision control on hand-made artifacts: the main arms' and the three fp32 Mistill runs' answers,
     M1, LAS, training logs, own-heads recoveries and lifts at P2C and P1 set by hand; seed means, per-note and
@@ -1648,6 +1658,9 @@ def test_r_d17_precision_control_by_hand(tmp_path):
             write_json(m6 / "readside.json", {"phases": {ph: {"per_note": {"top": {
                 n: {"lift": float(x)} for n, x in zip(notes, lift[arm][ph])}}} for ph in ("P1", "P2C")}})
 
+    probe = _write_probe(tmp_path / "variants", variant_label("fp32mistill", arms["fp32mistill"]), notes,
+                         section["bins"], rng)
+
     values, _ = reader("R-D17").compute_values(params)
     _assert_writes_what_it_lists(reader("R-D17"), params, values)
     unproduced = set(REGISTRY.results["R-D17"].unproduced_keys)
@@ -1684,6 +1697,8 @@ def test_r_d17_precision_control_by_hand(tmp_path):
     for phase, key in (("P2C", "qwen_fp32_mistill_m2_p2c_vs_bf16_vanilla"), ("P1", "qwen_fp32_mistill_m2_p1")):
         diff = np.mean([lift[f"fp32-{s}"][phase] - lift[f"qwen_vanilla_bf16-{s}"][phase] for s in seeds], axis=0)
         assert v[key] == pytest.approx(diff.mean()), key
+    assert v["qwen_fp32_mistill_k8_probe"] == pytest.approx(np.median(probe[("P2C", k8)]))
+    assert "l1h2 (rank 11 in the arm" in values["qwen_fp32_mistill_k8_probe"]["statistic"]
 
     arms["fp32mistill1"]["lambda_from"] = "bf16"   # an fp32 run at a λ of its own is not the transferred-λ control
     with pytest.raises(UserError, match="transferred lambda"):
@@ -1846,6 +1861,8 @@ def test_r_d22_fp32_reselection_by_hand(tmp_path):
     _own_heads_by_hand({"cell": (swept, "fp32-l0.3")}, 0, notes, {"cell": rec["cell"]},
                        {"cell": rng.uniform(1, 2, len(notes))}, bins, "P2C")
 
+    probe = _write_probe(tmp_path / "variants", variant_label("fp32pick", arms["fp32pick"]), notes, bins, rng)
+
     values, _ = reader("R-D22").compute_values(params)
     _assert_writes_what_it_lists(reader("R-D22"), params, values)
     unproduced = set(REGISTRY.results["R-D22"].unproduced_keys)
@@ -1870,6 +1887,10 @@ def test_r_d22_fp32_reselection_by_hand(tmp_path):
     assert v["test_microf1_lambda01_seed0"] == 1.0 and v["test_microf1_seed0_lambda001"] < 1.0
     assert v["test_microf1_lambda003_seed0"] == 0.203
     assert v["lambda03_own_p2c"] == pytest.approx(np.median(rec["cell"][("P2C", k)]))
+    assert v["own_p2c_k8_probe_l35h26_in_rank8"] == pytest.approx(np.median(probe[("P2C", k8)]))
+    assert v["l35h26_rank_fp32_arm"] == 11
+    against = np.mean([probe[("P2C", k8)] - rec[f"qwen_vanilla_fp32-{s}"][("P2C", k8)] for s in seeds], axis=0)
+    assert v["probe_vs_fp32_vanilla"] == pytest.approx(against.mean())
 
     params["selection"]["fp32_swept"]["test"] = 0.05    # not a cell of the grid
     with pytest.raises(UserError, match="not a cell"):

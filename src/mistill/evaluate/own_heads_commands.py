@@ -50,6 +50,23 @@ def cmd_own_heads(args) -> int:
     return 0
 
 
+def cmd_probe_heads(args) -> int:
+    """The probe ranking moves the head into the smallest own-heads bin (params evaluate.own_heads.bins: the
+    paper's k = 8)."""
+    from mistill.evaluate.probe import reference_dirs, write_probe
+
+    params = _params()
+    references = reference_dirs(Path(args.reference_root), args.reference_label)
+    if not references:
+        raise UserError(f"{args.reference_root}: no {args.reference_label}-s<seed> directory to take the probe "
+                        "head from")
+    rank = min(int(k) for k in params["evaluate"]["own_heads"]["bins"])
+    record = write_probe(Path(args.heads), references, rank, Path(args.out))
+    print(f"probe: {record['head']} (rank {record['rank_in_arm']} in {args.heads}; ranks {record['reference_ranks']} "
+          f"in {args.reference_label}) moved to rank {rank} -> {args.out}")
+    return 0
+
+
 def cmd_own_traces(args) -> int:
     from mistill.evaluate.own_heads import arm_dirs
     from mistill.evaluate.own_traces import own_trace_root, run_own_traces
@@ -109,8 +126,16 @@ def register(subparsers) -> None:
     p.add_argument("--heads-from", help="an HD-S/<arm>-s<seed> directory whose ranking the knock-in and read side "
                                         "use (no attribution pre-pass)")
     p.add_argument("--variant", help="the run is this recipe variant (a params variants.arms key): its trace edits "
-                                     "run only if params variants.own_traces names it")
+                                     "run only if params variants.edited names it")
     p.set_defaults(func=cmd_own_heads, sharded=True)   # params compute.gpus_per_pass processes (mistill.shard)
+
+    p = subparsers.add_parser("probe-heads", help="the post-hoc rank probe (App. I.4, L.3): an arm's own ranking "
+                                                  "with the references' consensus head moved into its top-k")
+    p.add_argument("--heads", required=True, help="the arm's HD-S/<arm>-s<seed> directory")
+    p.add_argument("--reference-root", required=True, help="the HD-S directory holding the reference arm's seeds")
+    p.add_argument("--reference-label", required=True, help="the reference arm's label (<label>-s<seed>, every seed)")
+    p.add_argument("--out", required=True, help="the probe's HD-S directory (head_sets_contrast.json, probe.json)")
+    p.set_defaults(func=cmd_probe_heads)
 
     p = subparsers.add_parser("own-traces", help="one arm's own-heads knock-in on its own completed test "
                                                  "generations (App. L.4)")
