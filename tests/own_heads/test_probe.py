@@ -58,8 +58,9 @@ def test_moving_a_head_keeps_every_other_head_in_its_order():
 
 def test_the_probe_files_top_k_is_the_arms_top_k_minus_one_plus_the_head(tmp_path):
     rng = np.random.default_rng(3)
-    arm = rng.normal(size=8)
     refs = [rng.normal(size=8) for _ in range(3)]
+    arm = rng.normal(size=8)
+    arm[consensus_head(refs)] = arm.min() - 1.0      # the arm ranks the references' head last
     for seed, ref in enumerate(refs):
         write_json(tmp_path / "HD-S" / f"ref-s{seed}" / "head_sets_contrast.json", _sets(ref))
     write_json(tmp_path / "HD-S" / "arm-s0" / "head_sets_contrast.json", _sets(arm))
@@ -79,6 +80,13 @@ def test_the_probe_files_top_k_is_the_arms_top_k_minus_one_plus_the_head(tmp_pat
     top = set(np.flatnonzero(masks[("top", 3)].flatten().numpy()).tolist())
     own_top2 = [int(h) for h in np.argsort(-arm, kind="stable") if h != head][:2]
     assert top == {*own_top2, head}
+
+
+def test_a_head_already_inside_the_top_k_keeps_its_rank():
+    arm = np.array([0.9, 0.8, 0.1, 0.0])            # head 0 ranks 1 in the arm and in every reference
+    body, record = probe_head_sets(_sets(arm, 1, 4), [_sets(np.array([1.0, 0.0, 0.0, 0.0]), 1, 4)], 2)
+    assert (record["head"], record["rank_in_arm"], record["moved_to"]) == ("l0h0", 1, 1)
+    assert np.array_equal(np.argsort(-phase_scores(body, "P2C"), kind="stable"), np.argsort(-arm, kind="stable"))
 
 
 def test_references_of_another_shape_are_refused():

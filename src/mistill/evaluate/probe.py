@@ -10,7 +10,9 @@ worst P2C rank over the reference arms' own rankings (the bf16 Mistill arms of t
 best, ties broken by the mean rank and then by the head's index.  The probe ranking is the arm's own P2C ranking
 with that head moved to rank k and every other head in its order (ranks are 1-based):
 
-    probe = own[:k-1] without h, then h, then the rest of own without h.
+    probe = own[:k-1] without h, then h, then the rest of own without h;
+
+a head the arm already ranks inside its top-k keeps its rank (the probe set is then the own top-k).
 
 Its head-sets file holds the probe ranking's P2C scores as n - position (only the order is read: the knock-in's
 top, bottom and random sets); the other phases are the arm's own.  `mistill evaluate own-heads --stages knockin
@@ -76,6 +78,7 @@ def probe_head_sets(arm_sets: dict, reference_sets: Sequence[dict], rank: int) -
         raise UserError(f"rank probe: the reference rankings are not of the arm's {shape[0]} x {shape[1]} heads")
     own = phase_scores(arm_sets, PHASE)
     head = consensus_head([phase_scores(r, PHASE) for r in reference_sets])
+    rank = min(rank, int(ranks(own)[head]))   # a head already inside the top-k keeps its place: the probe is the own top-k
     probed = moved_into_rank(own, head, rank)
     body = copy.deepcopy(arm_sets)
     n_heads = arm_sets["n_heads"]
