@@ -1,6 +1,8 @@
 """The Mistill-versus-Vanilla direction table: the direction rule, which keys are rows, README's copy of the table
 and the renderer's template (paper/templates/tables/directions.j2)."""
 
+import json
+import re
 import shutil
 
 import pytest
@@ -109,9 +111,12 @@ def test_the_interval_comes_from_a_sibling_key_or_the_statistic_text(committed_r
     assert corpus.interval_source == "key" and corpus.interval_key == f"{corpus.key}_interval"
     assert corpus.paper_interval == (-0.007, 0.019) and corpus.paper_text == "+0.006 [-0.007, +0.019]"
     per_note = by_key(committed_rows, "R-D5", "smollm_mistill_vs_bf16_vanilla_per_note")
-    assert per_note.interval_source == "statistic"      # "95% percentile bootstrap [+0.0049, +0.1084]"
-    assert per_note.interval == (0.0049, 0.1084) and per_note.direction == "+"
-    assert (per_note.paper_direction, per_note.agree) == ("0", False)
+    assert per_note.interval_source == "statistic"      # "... 95% percentile bootstrap [-0.0808, +0.0246] ..."
+    statistic = json.loads((REPO / "results" / "R-D5.json").read_text())["values"][per_note.key]["statistic"]
+    low, high = (float(x) for x in re.search(r"bootstrap \[([-+0-9.]+), ([-+0-9.]+)\]", statistic).groups())
+    assert per_note.interval == (low, high)
+    assert per_note.direction == ("+" if low > 0 else "-" if high < 0 else "0")
+    assert per_note.paper_direction == "0" and per_note.agree == (per_note.direction == "0")
     aligned = by_key(committed_rows, "R-D19", "qwen_aligned_subset_gain_vs_fp32")
     assert aligned.interval is None and aligned.paper_value is None and aligned.agree is None
 
@@ -207,7 +212,8 @@ def test_the_template_renders_the_same_rows(registry, committed_rows, tmp_path):
     assert md_cells(next(line for line in md.splitlines() if line.startswith("| Result")))[2] == "demo [95% interval]"
     assert readme_block(committed_rows, "demo").splitlines()[0] in md          # the agreement summary, as a note
     tex = (tmp_path / "build" / "tables" / "directions.tex").read_text()
-    assert r"R-D18 & corpus\_microf1\_mistill\_minus\_bf16\_vanilla & +0.004 [-0.043, +0.055] & 0 &" in tex
+    corpus = by_key(committed_rows, "R-D18", "corpus_microf1_mistill_minus_bf16_vanilla")
+    assert rf"R-D18 & corpus\_microf1\_mistill\_minus\_bf16\_vanilla & {corpus.value_text} & {corpus.direction} &" in tex
 
 
 def test_a_missing_numbers_file_shows_question_marks_in_its_rows(registry, tmp_path):

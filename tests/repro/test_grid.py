@@ -38,9 +38,14 @@ def test_a_job_per_training_run_with_its_evaluation_and_own_heads_chain():
             own = stage != "DT-variant" or key in params["variants"]["own_traces"]
             evaluated = stage != "DT-variant" or key in params["variants"]["evaluated"]
             chain = stage != "DT-variant" or key in params["variants"]["own_heads"]
-            assert sorted(n.split("@")[0] for n in names[1:]) == (
-                [f"EV-{family}"] if evaluated else []) + ([f"M6-{family}"] if chain else []) + (
-                [f"OWN-{family}"] if own else [])
+            # a variant's trace edits and rank probe join its job where a result reads them; the main arms' edits
+            # are the stage M6-edits, which runs after the jobs
+            edits = stage == "DT-variant" and key in params["variants"]["edited"]
+            probe = stage == "DT-variant" and key in params["variants"]["probed"]
+            assert sorted(n.split("@")[0] for n in names[1:]) == sorted(
+                ([f"EV-{family}"] if evaluated else []) + ([f"M6-{family}"] if chain else [])
+                + ([f"OWN-{family}"] if own else []) + (["M6-variant-edits"] if edits else [])
+                + (["M6-probe"] if probe else []))
             assert job.stages[0][1].startswith("mistill distill train" if stage != "DT-variant" else
                                                "mistill repro family pipelines/distill/families.yaml")
         else:   # a baseline arm: its evaluation, and Feature-KD's own-heads chain
