@@ -42,7 +42,6 @@ from mistill.io import read_jsonl
 from mistill.stats import StatsParams
 
 READER = "readers/r_d17.py"
-FP32_MISTILL = FP32_MISTILL_VARIANTS   # params variants.arms entries: Qwen, fp32, seeds 0-2
 
 
 def keys(params: dict) -> list[str]:
@@ -63,7 +62,7 @@ def keys(params: dict) -> list[str]:
 def fp32_mistill(params: dict) -> dict[int, VariantReadout]:
     """The fp32 Mistill runs by seed, checked: the Qwen student, fp32 master weights, the recipe's λ."""
     reads = {}
-    for name in FP32_MISTILL:
+    for name in FP32_MISTILL_VARIANTS:
         read = VariantReadout(name, params)
         entry = read.entry
         if (entry["student"], entry["precision"], entry.get("arm", "mistill")) != ("qwen", "fp32", "mistill") or (
@@ -71,8 +70,9 @@ def fp32_mistill(params: dict) -> dict[int, VariantReadout]:
             raise UserError(f"params variants.arms.{name}: the precision control is Mistill on the Qwen student with "
                             f"fp32 master weights at the transferred lambda (no lambda switch); found {entry}")
         reads[read.seed] = read
-    if len(reads) != len(FP32_MISTILL):
-        raise UserError(f"params variants.arms {', '.join(FP32_MISTILL)}: the fp32 Mistill runs need distinct seeds")
+    if len(reads) != len(FP32_MISTILL_VARIANTS):
+        raise UserError(f"params variants.arms {', '.join(FP32_MISTILL_VARIANTS)}: the fp32 Mistill runs need "
+                        "distinct seeds")
     return reads
 
 

@@ -18,6 +18,7 @@ import math
 import statistics
 from pathlib import Path
 
+from mistill.distill.runs import FP32_MISTILL_VARIANTS
 from mistill.errors import UserError
 from mistill.evaluate.compare import arm_values, clustered, seed_dirs
 from mistill.evaluate.matched import Family
@@ -27,7 +28,7 @@ from mistill.evaluate.variants import VariantReadout
 from mistill.io import read_json
 
 READER = "readers/r_d22.py"
-TRANSFERRED = ("fp32mistill", "fp32mistill1", "fp32mistill2")   # R-D17's runs at the λ selected in bf16
+TRANSFERRED = FP32_MISTILL_VARIANTS   # R-D17's runs at the λ selected in bf16
 
 
 def keys(params: dict) -> list[str]:

@@ -34,17 +34,23 @@ PHASES = ("P2C", "P2", "P1")
 # ---- per-note values from the chain's artifacts --------------------------------------------------------
 
 
+def labelled_seed_dirs(parent: str | Path, label: str, marker: str) -> dict[int, Path]:
+    """seed -> <parent>/<label>-s<seed>, every such directory holding the file `marker`, by seed."""
+    pattern = re.compile(rf"^{re.escape(label)}-s(\d+)$")
+    out = {}
+    for path in Path(parent).glob(f"{label}-s*"):
+        m = pattern.match(path.name)
+        if m and (path / marker).exists():
+            out[int(m.group(1))] = path
+    return dict(sorted(out.items()))
+
+
 def seed_dirs(artifacts: str | Path, arm: str) -> dict[int, Path]:
     """seed -> M6/<arm>-s<seed> directory holding faithfulness2.json."""
-    pattern = re.compile(rf"^{re.escape(arm)}-s(\d+)$")
-    out = {}
-    for path in (Path(artifacts) / "M6").glob(f"{arm}-s*"):
-        m = pattern.match(path.name)
-        if m and (path / "faithfulness2.json").exists():
-            out[int(m.group(1))] = path
+    out = labelled_seed_dirs(Path(artifacts) / "M6", arm, "faithfulness2.json")
     if not out:
         raise UserError(f"{artifacts}: no M6/{arm}-s<seed>/faithfulness2.json; run `mistill evaluate own-heads` first")
-    return dict(sorted(out.items()))
+    return out
 
 
 def knockin_rows(m6_dir: Path) -> dict[str, list[dict]]:

@@ -19,21 +19,18 @@ from pathlib import Path
 import numpy as np
 
 from mistill.errors import UserError
+from mistill.evaluate.compare import labelled_seed_dirs
 from mistill.instrument.edits import PREFIX_VARIANTS
 from mistill.io import read_json, read_jsonl
 
 
 def arm_edit_dirs(root: Path, label: str) -> dict[int, Path]:
     """seed -> M6-edits/<label>-s<seed> holding prefix_edit.json."""
-    out = {}
-    for path in (root / "M6-edits").glob(f"{label}-s*"):
-        tail = path.name[len(label) + 2:]
-        if path.name.startswith(f"{label}-s") and tail.isdigit() and (path / "prefix_edit.json").exists():
-            out[int(tail)] = path
+    out = labelled_seed_dirs(root / "M6-edits", label, "prefix_edit.json")
     if not out:
         raise UserError(f"{root}: no M6-edits/{label}-s<seed>/prefix_edit.json; run the own-heads chain's edits "
                         "stage")
-    return dict(sorted(out.items()))
+    return out
 
 
 def load_rows(edits_dir: Path) -> dict[str, list[dict]]:

@@ -94,12 +94,9 @@ def probe_head_sets(arm_sets: dict, reference_sets: Sequence[dict], rank: int) -
 
 def reference_dirs(root: Path, label: str) -> list[Path]:
     """Every <root>/<label>-s<seed> with an own ranking, by seed."""
-    found = {}
-    for path in Path(root).glob(f"{label}-s*"):
-        tail = path.name[len(label) + 2:]
-        if tail.isdigit() and (path / "head_sets_contrast.json").is_file():
-            found[int(tail)] = path
-    return [found[s] for s in sorted(found)]
+    from mistill.evaluate.compare import labelled_seed_dirs
+
+    return list(labelled_seed_dirs(root, label, "head_sets_contrast.json").values())
 
 
 def write_probe(arm_dir: Path, reference_dirs: Sequence[Path], rank: int, out_dir: Path) -> dict:
