@@ -24,6 +24,7 @@ from pathlib import Path
 from mistill.distill.runs import FP32_MISTILL_VARIANTS
 from mistill.errors import UserError
 from mistill.evaluate.compare import arm_values, clustered, seed_dirs, seed_medians
+from mistill.evaluate.probe import probe_reading
 from mistill.evaluate.readout import (
     ArmSeed,
     completed_precision_recall,
@@ -36,7 +37,6 @@ from mistill.evaluate.readout import (
     value,
     where,
 )
-from mistill.evaluate.probe import probe_reading
 from mistill.evaluate.variants import VariantReadout
 from mistill.io import read_jsonl
 from mistill.stats import StatsParams

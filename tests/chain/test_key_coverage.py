@@ -1908,7 +1908,6 @@ def test_r_d30_three_seeds_at_the_fp32_pick_by_hand(tmp_path):
     answers and trace edits set by hand; the note-clustered means, per-pair means, medians and the corpus
     difference against numpy."""
     from mistill.distill.runs import variant_label, variant_run_dir
-    from mistill.evaluate.own_heads import arm_dirs
     from mistill.evaluate.task import task_metrics
     from tests.chain.test_readers import GOLD, TRAIN_GOLD, write_arm
 
