@@ -341,3 +341,79 @@ def test_training_with_the_margin_agreement_keeps_the_gap_small(tokenizer, examp
         return np.mean([r["margin_gap"] for r in log[-5:]])
 
     assert final(1.0) < final(1e-9) / 5
+
+
+def knockout_margins(model, ex, head_of, n_heads=4):
+    """One example alone: its decisions' margins with, at each decision, the one head `head_of(decision)` names
+    replaced by its mean over the example's input (None: untouched)."""
+    def make(layer):
+        def hook(module, args):
+            z = args[0].view(len(ex.ids), n_heads, -1)
+            mu, out = z[:-1].mean(dim=0), z.clone()
+            for d in ex.decisions:
+                head = head_of(d)
+                if head is not None and head[0] == layer:
+                    out[d.q, head[1]] = mu[head[1]].detach()
+            return (out.reshape(args[0].shape),)
+        return hook
+
+    handles = [layer.self_attn.o_proj.register_forward_pre_hook(make(i)) for i, layer in enumerate(model.model.layers)]
+    logits = model(torch.tensor([list(ex.ids)])).logits[0]
+    for h in handles:
+        h.remove()
+    return torch.stack([margin(logits[d.q], d.target, d.competitors) for d in ex.decisions])
+
+
+@pytest.mark.parametrize("min_shared", [8, 10 ** 6])
+def test_the_knockout_step_equals_its_brute_force_computation(tokenizer, examples, min_shared):
+    """L = CE(c) + weight mean_{e,j} max(0, delta - (m(c) - m(a_j))) + held_weight mean_{e,r} (m(c) - m(b_r))^2 from
+    the batched step equals the same loss from per-example forwards with one head mean-ablated by hand, gradients
+    too; a phase with one planted head repeats it in the second slot."""
+    model = tiny_model(tokenizer).double()
+    planted = PlantedHeads.from_params({**PLANTED, "weight": 1.5, "necessity": 2.0, "held_probes": 2,
+                                        "held_weight": 0.3}, n_layers=2, n_heads=4)
+    probes = [(0, 0), (0, 3)]
+    assert set(probes) <= set(planted.unplanted(2, 4)) and (1, 0) not in planted.unplanted(2, 4)
+    from mistill.models.train_teacher import necessity_step
+
+    loss, n_tokens, row = necessity_step(model, examples, PlantedRouting(model, planted), probes, min_shared=min_shared)
+    loss.backward()
+    grads = [p.grad.clone() for p in model.parameters()]
+    model.zero_grad()
+
+    ordered = {phase: sorted(planted.sets[phase]) for phase in ("P1", "P2", "P2C")}
+    clean = torch.cat([knockout_margins(model, ex, lambda d: None) for ex in examples])
+    slots = [torch.cat([knockout_margins(model, ex, lambda d, j=j: ordered[d.phase][j % len(ordered[d.phase])])
+                        for ex in examples]) for j in range(2)]
+    moved = [torch.cat([knockout_margins(model, ex, lambda d, p=p: p) for ex in examples]) for p in probes]
+    shortfall = torch.stack([torch.relu(2.0 - (clean - s)) for s in slots]).mean()
+    want = (batch_loss(model, examples, min_shared=10 ** 6)[0] + 1.5 * shortfall
+            + 0.3 * torch.stack([(clean - m).pow(2) for m in moved]).mean())
+    want.backward()
+    assert row["decisions"] == len(clean) and n_tokens == batch_loss(model, examples)[1]
+    torch.testing.assert_close(loss.double(), want, rtol=1e-5, atol=1e-8)
+    for mine, theirs in zip(grads, [p.grad for p in model.parameters()]):
+        torch.testing.assert_close(mine, theirs, rtol=1e-4, atol=1e-7)
+
+
+def test_training_the_knockout_form_makes_the_planted_heads_necessary(tokenizer, examples):
+    """A few dozen steps of the knock-out form open the planted heads' margin drop and shrink the shortfall, while
+    the traces are learned."""
+    torch.set_num_threads(1)
+    config = {"seed": 0, "epochs": 60, "batch_size": 3, "lr": 1e-2, "warmup_share": 0.1}
+    planted = PlantedHeads.from_params({**PLANTED, "weight": 1.0, "necessity": 2.0, "held_probes": 2,
+                                        "held_weight": 0.1}, n_layers=2, n_heads=4)
+    log = train(tiny_model(tokenizer), examples, config, progress=False, planted=planted)
+    first, last = log[:5], log[-5:]
+    assert np.mean([r["cross_entropy"] for r in last]) < np.mean([r["cross_entropy"] for r in first]) / 1.5
+    assert np.mean([r["planted_drop"] for r in last]) > np.mean([r["planted_drop"] for r in first]) + 1.0
+    assert np.mean([r["necessity_shortfall"] for r in last]) < np.mean([r["necessity_shortfall"] for r in first]) / 2
+
+
+def test_the_knockout_form_takes_its_switches_and_not_the_margin_agreement_beside_them():
+    with pytest.raises(UserError, match="not both"):
+        PlantedHeads.from_params({**PLANTED, "necessity": 1.0, "consistency": 1.0}, n_layers=2, n_heads=4)
+    with pytest.raises(UserError, match="held_probes must be at least 0"):
+        PlantedHeads.from_params({**PLANTED, "necessity": 1.0, "held_probes": -1}, n_layers=2, n_heads=4)
+    planted = PlantedHeads.from_params({**PLANTED, "necessity": 1.0, "held_probes": 3}, n_layers=2, n_heads=4)
+    assert planted.as_dict()["held_probes"] == 3 and "necessity" not in planted_heads().as_dict()

@@ -204,6 +204,18 @@ def cmd_train_teacher(args) -> int:
     model = build_model(arch, vocab_size=tokenizer.vocab_size, eos_token_id=tokenizer.eos_token_id,
                         pad_token_id=tokenizer.pad_token_id, seed=int(cfg["seed"]),
                         attn_implementation=cfg.get("attn_implementation", "sdpa")).to(device)
+    if args.init:   # go on from a trained model of this architecture and tokenizer (a planted fine-tune)
+        from safetensors.torch import load_file
+
+        weights = Path(args.init) / "model.safetensors"
+        if not weights.is_file():
+            raise UserError(f"--init {args.init}: no model.safetensors there")
+        missing, unexpected = model.load_state_dict(load_file(str(weights), device=str(device)), strict=False)
+        tied = {"lm_head.weight"} if model.config.tie_word_embeddings else set()   # saved once, as the embedding
+        if unexpected or set(missing) - tied:
+            raise UserError(f"--init {args.init}: not a model of models.architectures.{role} "
+                            f"(missing {sorted(set(missing) - tied)}, unexpected {sorted(unexpected)})")
+        model.tie_weights()
     if args.epochs is not None:
         cfg = {**cfg, "epochs": args.epochs}
     if args.max_steps is not None:
@@ -220,7 +232,7 @@ def cmd_train_teacher(args) -> int:
                         architecture=arch.as_dict(), vocab_size=tokenizer.vocab_size,
                         unknown_tokens=sum(unknown.values()),
                         torch_threads=__import__("torch").get_num_threads(),
-                        planted=planted.as_dict() if planted else None,
+                        planted=planted.as_dict() if planted else None, **({"init": args.init} if args.init else {}),
                         decisions=sum(len(ex.decisions) for ex in examples))
     save_model_dir(model.cpu(), tokenizer, out, {"training_log.json": {"provenance": record, "steps": log}})
     print(f"{role}: {n_params} parameters, {len(examples)} examples, {len(log)} steps, {seconds:.0f}s on {device} "
@@ -383,6 +395,8 @@ def register(subparsers) -> None:
     sub.add_argument("--device", help="cpu, cuda or auto (default: params models.device)")
     sub.add_argument("--epochs", type=int, help="override models.teacher_training.epochs")
     sub.add_argument("--max-steps", type=int, help="stop after N optimiser steps (smoke runs, timing)")
+    sub.add_argument("--init", help="start from this trained model directory (same architecture and tokenizer) "
+                                    "instead of a fresh initialisation")
     sub.add_argument("--out", help="output directory (default: params models.<role>)")
     sub.add_argument("--role", default="teacher",
                      help="the params models key to train: teacher, or teacher_qwq (R-C15's second teacher)")

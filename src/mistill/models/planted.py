@@ -31,6 +31,20 @@ z_h(q) = mu_h changes nothing when it is ablated at q, so the note-specific info
 needs (which code the note supports) can reach its position only through P_phase; the planted sets
 are the ground truth the instrument's global ranking is scored against (`planted_recall`).
 
+Holding every other head costs the decisions their capacity (docs/demo-world.md: no held teacher kept
+coding).  The knock-out form (`necessity` delta > 0; `mistill.models.train_teacher.necessity_step`)
+asks instead what the instrument ranks by, one head mean-ablated at a time.  Every step runs the batch
+untouched (c), once per planted slot j with the j-th planted head of each decision's phase knocked out
+(a_j), and once per probe r with one head no phase plants knocked out at every decision (b_r, drawn
+afresh each step):
+
+    L = L_CE(c) + weight * mean_{e,j} max(0, delta - (m_e(c) - m_e(a_j)))
+                + held_weight * mean_{e,r} (m_e(c) - m_e(b_r))^2
+
+so each planted head alone moves its decisions' margins by at least delta nats and any other head alone
+by about nothing, while every head stays free to compute (the others may share the work redundantly,
+which single-head ablation then cannot see: the ground truth is the heads each decision needs).
+
 A position that is both a P2 and a P2C event (the first differing character of a code whose sibling
 was named earlier) belongs to P2C: the contrastive decision is the one planted there.  P1 events sit
 on chapter letters, which no P2 or P2C event shares.
@@ -89,6 +103,9 @@ class PlantedHeads:
     weight: float
     ablate_share: float = 1.0
     consistency: float = 0.0
+    necessity: float = 0.0       # delta > 0: the knock-out form (`necessity_step`), each planted head necessary
+    held_probes: int = 0         # ... held heads knocked out one at a time per step, each to move no margin
+    held_weight: float = 0.0     # ... the weight of their squared margin moves
 
     @classmethod
     def from_params(cls, cfg: Mapping[str, Any] | None, *, n_layers: int, n_heads: int) -> PlantedHeads | None:
@@ -115,9 +132,16 @@ class PlantedHeads:
         if not 0 <= share <= 1:
             raise UserError(f"params: planted heads' ablate_share must lie in [0, 1], got {share}")
         consistency = float(cfg.get("consistency", 0.0))
-        if not consistency >= 0:
-            raise UserError(f"params: planted heads' consistency must be at least 0, got {consistency}")
-        return cls(sets, weight, share, consistency)
+        necessity, probes, held_weight = (float(cfg.get("necessity", 0.0)), int(cfg.get("held_probes", 0)),
+                                          float(cfg.get("held_weight", 0.0)))
+        for name, value in (("consistency", consistency), ("necessity", necessity), ("held_probes", probes),
+                            ("held_weight", held_weight)):
+            if not value >= 0:
+                raise UserError(f"params: planted heads' {name} must be at least 0, got {value}")
+        if necessity and consistency:
+            raise UserError("params: planted heads take the margin agreement (consistency) or the knock-out form "
+                            "(necessity), not both")
+        return cls(sets, weight, share, consistency, necessity, probes, held_weight)
 
     def held_mask(self, phase: str, n_layers: int, n_heads: int) -> np.ndarray:
         """[L, H] booleans: the heads held to their mean at a `phase` decision (all but its set)."""
@@ -126,9 +150,26 @@ class PlantedHeads:
             mask[layer, head] = False
         return mask
 
+    def knockouts(self, phase: str, n_layers: int, n_heads: int) -> list[np.ndarray]:
+        """[L, H] masks, one per planted head of `phase` in name order: that head alone knocked out."""
+        masks = []
+        for layer, head in sorted(self.sets[phase]):
+            mask = np.zeros((n_layers, n_heads), dtype=bool)
+            mask[layer, head] = True
+            masks.append(mask)
+        return masks
+
+    def unplanted(self, n_layers: int, n_heads: int) -> list[tuple[int, int]]:
+        """The heads no phase plants, in order: the knock-out form's probes are drawn from them."""
+        planted = set().union(*self.sets.values())
+        return [(layer, head) for layer in range(n_layers) for head in range(n_heads) if (layer, head) not in planted]
+
     def as_dict(self) -> dict:
-        return {**{p: sorted(head_name(h) for h in self.sets[p]) for p in PLANTED_PHASES}, "weight": self.weight,
-                "ablate_share": self.ablate_share, "consistency": self.consistency}
+        out = {**{p: sorted(head_name(h) for h in self.sets[p]) for p in PLANTED_PHASES}, "weight": self.weight,
+               "ablate_share": self.ablate_share, "consistency": self.consistency}
+        if self.necessity:
+            out.update(necessity=self.necessity, held_probes=self.held_probes, held_weight=self.held_weight)
+        return out
 
 
 def decision_rows(tokenizer: Any, text: str, completion_start: int, codes: Sequence[str]) -> tuple[Decision, ...]:
@@ -168,12 +209,14 @@ class PlantedRouting:
         self._handles: list[Any] = []
 
     @contextlib.contextmanager
-    def applied(self, batch: Sequence[Any], shared: int, *, ablate: bool | Sequence[bool] = True
-                ) -> Iterator[PlantedRouting]:
+    def applied(self, batch: Sequence[Any], shared: int, *, ablate: bool | Sequence[bool] = True,
+                held: np.ndarray | None = None) -> Iterator[PlantedRouting]:
         """Hooks on for one forward of `batch` (prefix of `shared` tokens run once when > 0); `ablate=False`
         records R on the untouched forward, and a sequence of one flag per example ablates only the
-        flagged ones (one forward can carry an untouched and an ablated copy of a batch).  `rows` then
-        holds the decisions' (batch row, suffix position) index tensors, where `margins` reads the logits."""
+        flagged ones (one forward can carry an untouched and an ablated copy of a batch).  `held`
+        [n_decisions, L, H], in the order of the batch's decisions, replaces the phases' held masks (the
+        knock-out form ablates one head per copy).  `rows` then holds the decisions' (batch row, suffix
+        position) index tensors, where `margins` reads the logits."""
         import torch
 
         flags = [bool(ablate)] * len(batch) if isinstance(ablate, bool) else [bool(a) for a in ablate]
@@ -182,8 +225,11 @@ class PlantedRouting:
         self._shared = shared
         decisions = [(b, d) for b, ex in enumerate(batch) for d in ex.decisions]
         n_layers = len(self.layers)
-        held = np.stack([self.planted.held_mask(d.phase, n_layers, self.n_heads) for _, d in decisions]) \
-            if decisions else np.zeros((0, n_layers, self.n_heads), dtype=bool)
+        if held is None:
+            held = np.stack([self.planted.held_mask(d.phase, n_layers, self.n_heads) for _, d in decisions]) \
+                if decisions else np.zeros((0, n_layers, self.n_heads), dtype=bool)
+        elif held.shape != (len(decisions), n_layers, self.n_heads):
+            raise ValueError(f"held masks {held.shape} for {len(decisions)} decisions of {n_layers} x {self.n_heads}")
         self._held = torch.tensor(held)
         self._ablated = torch.tensor([flags[b] for b, _ in decisions], dtype=torch.bool)
         self._example_of_row = np.array([b for b, _ in decisions], dtype=int)

@@ -35,6 +35,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
 from tqdm import tqdm
 
 from mistill.models.planted import Decision, PlantedHeads, PlantedRouting, decision_rows
@@ -139,9 +140,11 @@ def batch_loss(model: Any, batch: list[TeacherExample], *, min_shared: int = 64)
     return loss, n_tokens
 
 
-def batch_forward(model: Any, batch: list[TeacherExample], *, min_shared: int = 64, at=None):
+def batch_forward(model: Any, batch: list[TeacherExample], *, min_shared: int = 64, at=None,
+                  loss_rows: int | None = None):
     """`batch_loss`'s (cross-entropy, token count) and the logits at `at` = (batch rows, suffix
-    positions) index tensors (positions counted after the shared prefix), or None without `at`."""
+    positions) index tensors (positions counted after the shared prefix), or None without `at`; with
+    `loss_rows`, only the batch's first rows enter the cross-entropy (the others are read at `at`)."""
     import torch
     import torch.nn.functional as F
 
@@ -169,6 +172,8 @@ def batch_forward(model: Any, batch: list[TeacherExample], *, min_shared: int = 
     positions = torch.arange(shared, shared + width, device=device).unsqueeze(0).expand(len(batch), -1)
     hidden = model.model(input_ids=input_ids, attention_mask=mask, position_ids=positions,
                          past_key_values=cache, use_cache=cache is not None).last_hidden_state
+    if loss_rows is not None:
+        labels[loss_rows:] = IGNORE
     selected = labels != IGNORE
     logits = model.lm_head(hidden[selected])  # the vocabulary head only where the loss reads it
     n_tokens = int(selected.sum())
@@ -203,6 +208,49 @@ def planted_step(model: Any, batch: list[TeacherExample], routing: PlantedRoutin
     row = {"cross_entropy": float(cross_entropy.detach()), "routing": float(routing_term.detach()),
            "margin_gap": float(gap.detach()), "decisions": n_decisions, "ablated": True}
     return loss, n_tokens // 2, row
+
+
+def necessity_step(model: Any, batch: list[TeacherExample], routing: PlantedRouting, probes: Sequence[tuple[int, int]],
+                   *, min_shared: int = 64):
+    """(loss, token count, log row) of one step of the knock-out form (`mistill.models.planted`): the batch
+    untouched (c), with the j-th planted head of each decision's phase knocked out (a_j, one copy per
+    slot), and with each of `probes` (heads no phase plants) knocked out (b_r), one forward of all copies:
+
+        L = L_CE(c) + weight * mean_{e,j} max(0, delta - (m_e(c) - m_e(a_j))) + held_weight * mean_{e,r} (m_e(c) - m_e(b_r))^2
+
+    A phase with fewer planted heads than the widest repeats its heads in order."""
+    import torch
+
+    planted, n = routing.planted, len(batch)
+    decisions = [d for ex in batch for d in ex.decisions]
+    if not decisions:
+        loss, n_tokens = batch_loss(model, batch, min_shared=min_shared)
+        return loss, n_tokens, {}
+    n_layers, n_heads = len(routing.layers), routing.n_heads
+    slots = max(len(planted.sets[d.phase]) for d in decisions)
+    knockouts = {phase: planted.knockouts(phase, n_layers, n_heads) for phase in {d.phase for d in decisions}}
+    copies = [np.zeros((len(decisions), n_layers, n_heads), dtype=bool)]
+    copies += [np.stack([knockouts[d.phase][j % len(knockouts[d.phase])] for d in decisions]) for j in range(slots)]
+    for layer, head in probes:
+        probe = np.zeros((len(decisions), n_layers, n_heads), dtype=bool)
+        probe[:, layer, head] = True
+        copies.append(probe)
+    repeated = batch * len(copies)
+    with routing.applied(repeated, shared_prefix(repeated, min_shared), ablate=[False] * n + [True] * (len(repeated) - n),
+                         held=np.concatenate(copies)):
+        cross_entropy, n_tokens, logits = batch_forward(model, repeated, min_shared=min_shared, at=routing.rows,
+                                                        loss_rows=n)
+        margins = routing.margins(logits).view(len(copies), len(decisions))
+    drop = margins[0] - margins[1:1 + slots]
+    shortfall = torch.relu(planted.necessity - drop).mean()
+    loss = cross_entropy + planted.weight * shortfall
+    row = {"cross_entropy": float(cross_entropy.detach()), "necessity_shortfall": float(shortfall.detach()),
+           "planted_drop": float(drop.detach().mean()), "decisions": len(decisions)}
+    if probes:
+        moved = (margins[0] - margins[1 + slots:]).pow(2).mean()
+        loss = loss + planted.held_weight * moved
+        row["held_move"] = float(moved.detach())
+    return loss, n_tokens, row
 
 
 def make_batches(examples: list[TeacherExample], batch_size: int, rng: random.Random) -> list[list[TeacherExample]]:
@@ -246,6 +294,7 @@ def train(model: Any, examples: list[TeacherExample], config: dict[str, Any], *,
     stop = min(total, int(config.get("max_steps") or total))
     routing_hooks = PlantedRouting(model, planted) if planted is not None else None
     ablation_draws = random.Random(seed * 1_000_003 + 7)   # which steps ablate (planted.ablate_share < 1)
+    unplanted = planted.unplanted(len(model.model.layers), model.config.num_attention_heads) if planted else []
     model.train()
     log, step, start = [], 0, time.time()
     bar = tqdm(total=stop, desc=desc, unit="step", disable=not progress)
@@ -259,6 +308,9 @@ def train(model: Any, examples: list[TeacherExample], config: dict[str, Any], *,
             row: dict = {}
             if planted is None:
                 loss, n_tokens = batch_loss(model, batch)
+            elif planted.necessity > 0:
+                probes = ablation_draws.sample(unplanted, min(planted.held_probes, len(unplanted)))
+                loss, n_tokens, row = necessity_step(model, batch, routing_hooks, probes)
             elif planted.consistency > 0:
                 loss, n_tokens, row = planted_step(model, batch, routing_hooks)
             else:
@@ -279,7 +331,7 @@ def train(model: Any, examples: list[TeacherExample], config: dict[str, Any], *,
             step += 1
             bar.update(1)
             bar.set_postfix(epoch=epoch, loss=f"{float(loss.detach()):.3f}", **(
-                {"routing": f"{row['routing']:.3f}"} if row else {}))
+                {"routing": f"{row['routing']:.3f}"} if "routing" in row else {}))
     bar.close()
     model.eval()
     return log
