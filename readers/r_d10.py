@@ -12,7 +12,13 @@ from the grid's edge). Beside it, the reference arms of params selection.referen
 * the pick against Vanilla CoT-KD per validation note: micro-F1, and M1 at P2C, P1 and P2 (note-clustered means
   over the seeds both carry, with bootstrap intervals);
 * App. K's NULL control: M1 at the teacher's NULL events in every main arm's test evaluation (the EV stages,
-  `mistill evaluate arm --m1-null`: untrained, Vanilla CoT-KD, Mistill), its range over the arm runs.
+  `mistill evaluate arm --m1-null`: untrained, Vanilla CoT-KD, Mistill), its range over the arm runs;
+* the one-seed noise: the SD (ddof 1) of validation micro-F1 over the pick's seeds, the grid's cell at seed 0 and
+  the references of role `pick_seed` (the Mistill runs at the pick, seeds 1 and 2);
+* App. I.2's removed write term, on the grids params selection.write_term names (the raw and the standardised
+  form, `diagnose: true`; mistill.distill.diagnostics): at lambda = 1 the P1 write term's drop over training, the
+  student-teacher correlation of c at P1 events before and after, M1 at P1 of the untrained student and of the
+  raw cell; the standardised cell's correlation after training, and its micro-F1 on completed answers at 0.1.
 """
 
 from __future__ import annotations
@@ -26,6 +32,7 @@ from mistill.errors import UserError
 from mistill.evaluate.compare import clustered
 from mistill.evaluate.readout import (
     cap_share,
+    completed_precision_recall,
     eval_root,
     main_for,
     null_control,
@@ -46,11 +53,14 @@ def keys(params: dict) -> list[str]:
             "cap_rate_untrained", "mech_to_task_loss_ratio_lambda1_lambda03", "m1_null_range_all_arms",
             "selected_vs_vanilla_task",
             "selected_vs_vanilla_m1_p2c", "selected_vs_vanilla_m1_p1", "selected_vs_vanilla_m1_p2",
+            "one_seed_noise_val_microf1", "write_term_p1_drop", "write_term_c_corr_before_after",
+            "write_term_m1_p1_before_after", "standardised_write_term_c_corr", "standardised_write_lambda01_completed_f1",
             # registry extra_keys
             "selected_val_microf1", "tied_lambdas", "grid_lambdas", "grid_val_microf1", "grid_m1_p2c",
             "grid_cap_percent", "selected_vs_vanilla_task_interval",
             "selected_vs_vanilla_m1_p2c_interval", "selected_vs_vanilla_m1_p1_interval",
-            "selected_vs_vanilla_m1_p2_interval"]
+            "selected_vs_vanilla_m1_p2_interval", "one_seed_val_microf1_seeds", "write_term_p1_before_after",
+            "standardised_write_term_p1_drop"]
 
 
 def cap_percent(arm) -> float:
@@ -76,10 +86,14 @@ def compute_values(params: dict) -> tuple[dict, list[Path]]:
     stats = StatsParams.from_params(params)
     cells = {float(c["lambda"]): read_arm(grid_dir / f"l{float(c['lambda']):g}", f"{grid}-l{float(c['lambda']):g}",
                                           int(entry["seed"])) for c in chosen["cells"]}
-    roles = {ref["role"]: label for label, ref in (selection.get("references") or {}).items()}
+    references = selection.get("references") or {}
+    roles = {ref["role"]: label for label, ref in references.items() if ref["role"] != "pick_seed"}
     refs = {role: read_arm(Path(selection["dir"]) / "reference" / label, label, int(entry["seed"]))
             for role, label in roles.items()}
-    inputs = [chosen_path, Path(selection["notes"])] + [p for arm in (*cells.values(), *refs.values()) for p in arm.files()]
+    pick_seeds = {int(ref["seed"]): read_arm(Path(selection["dir"]) / "reference" / label, label, int(ref["seed"]))
+                  for label, ref in references.items() if ref["role"] == "pick_seed"}
+    inputs = [chosen_path, Path(selection["notes"])] + [p for arm in (*cells.values(), *refs.values(),
+                                                                       *pick_seeds.values()) for p in arm.files()]
     rule = (f"grid {grid}: lambda_P1 = lambda_P2 over {entry['lambdas']}, seed {entry['seed']}, {entry['precision']}, "
             f"validation micro-F1 on {len(notes)} notes, tie band {entry['band']}, M1 at P2C among the tied"
             + (f", one outward step to {chosen['outward_step']:g}" if chosen.get("outward_step") else ""))
@@ -138,6 +152,16 @@ def compute_values(params: dict) -> tuple[dict, list[Path]]:
             v[f"{key}_interval"] = value([c["ci_low"], c["ci_high"]], f"{c['confidence']:.0%} note-bootstrap interval "
                                          f"of that mean ({stats.bootstrap_resamples} resamples, seed "
                                          f"{stats.bootstrap_seed})", art)
+    if pick_seeds:
+        seeds = {int(entry["seed"]): cells[lam], **pick_seeds}
+        f1 = [seeds[s].task["micro_f1"] for s in sorted(seeds)]
+        v["one_seed_val_microf1_seeds"] = value(f1, f"validation micro-F1 of the pick (lambda = {lam:g}) at seeds "
+                                                f"{sorted(seeds)}", grid_dir)
+        v["one_seed_noise_val_microf1"] = value(statistics.stdev(f1), f"SD (ddof 1) of validation micro-F1 over the "
+                                                f"pick's {len(f1)} seeds: the noise of a one-seed cell", grid_dir)
+    write_values, write_inputs = write_term_values(selection, refs.get("untrained"))
+    v.update(write_values)
+    inputs += write_inputs
     # App. K's NULL control over the arms' test evaluations: M1 where nothing is decided.  The main arms'
     # (untrained, Vanilla CoT-KD, Mistill): the baselines' evaluations live apart, and no result waits on a
     # baseline it does not otherwise read
@@ -148,6 +172,67 @@ def compute_values(params: dict) -> tuple[dict, list[Path]]:
                                             f"{eval_root(params)}/*/m1.json")
         inputs += list(null)
     return v, sorted(set(inputs))
+
+
+def write_term_values(selection: dict, untrained) -> tuple[dict, list[Path]]:
+    """App. I.2's write-term readings from the raw and the standardised grids (params selection.write_term)."""
+    grids = selection.get("write_term") or {}
+    v, inputs = {}, []
+    if not grids:
+        return v, inputs
+    root = Path(selection["dir"])
+
+    def cell(form: str, lam: float) -> Path:
+        entry = grid_entry(selection, grids[form])
+        if "write" not in entry.get("terms", ()) or bool(entry.get("write_norm")) != (form == "standardised"):
+            raise UserError(f"params selection.write_term.{form}: grid {grids[form]!r} does not train the "
+                            f"{form} write term (terms {entry.get('terms')}, write_norm {entry.get('write_norm')})")
+        return root / grids[form] / f"l{lam:g}"
+
+    raw = cell("raw", 1.0)
+    raw_diag = read_json(raw / "diagnostics.json", "mechanism diagnostics")
+    before, after = raw_diag["before"]["P1"], raw_diag["after"]["P1"]
+    inputs += [raw / "diagnostics.json", raw / "m1.json"]
+    v["write_term_p1_drop"] = value(raw_diag["write_drop_percent"]["P1"], "percent decrease of the P1 write term "
+                                    "over training at lambda = (1, 1), mean over the run's training notes before and "
+                                    "after", raw / "diagnostics.json")
+    v["write_term_p1_before_after"] = value([before["terms"]["write"], after["terms"]["write"]], "the P1 write term "
+                                            "before and after training at lambda = (1, 1)", raw / "diagnostics.json")
+    if before["c_correlation"] is not None and after["c_correlation"] is not None:
+        v["write_term_c_corr_before_after"] = value(
+            [before["c_correlation"], after["c_correlation"]], f"Pearson r of the student's and teacher's c over "
+            f"{after['events']} P1 events of the training notes, before and after training at lambda = (1, 1)",
+            raw / "diagnostics.json")
+    if untrained is not None:
+        raw_arm = read_arm(raw, f"{grids['raw']}-l1", 0)
+        v["write_term_m1_p1_before_after"] = value(
+            [untrained.m1["P1"]["p_margin_positive"], raw_arm.m1["P1"]["p_margin_positive"]],
+            f"M1 at P1 on the validation notes: the untrained student ({untrained.label}), the raw write-term cell "
+            f"at lambda = 1", raw / "m1.json")
+    norm = cell("standardised", 1.0)
+    norm_diag = read_json(norm / "diagnostics.json", "mechanism diagnostics")
+    inputs.append(norm / "diagnostics.json")
+    if norm_diag["after"]["P1"]["c_correlation"] is not None:
+        v["standardised_write_term_c_corr"] = value(
+            norm_diag["after"]["P1"]["c_correlation"], "Pearson r of the student's and teacher's c over the P1 events "
+            "of the training notes after training with the standardised write term at lambda = (1, 1)",
+            norm / "diagnostics.json")
+    v["standardised_write_term_p1_drop"] = value(norm_diag["write_drop_percent"]["P1"], "percent decrease of the "
+                                                 "standardised P1 write term over training at lambda = (1, 1)",
+                                                 norm / "diagnostics.json")
+    low = cell("standardised", 0.1)
+    notes = load_notes(selection["notes"])
+    inputs += [low / "generations.jsonl", low / "task.json"]
+    try:
+        precision, recall = completed_precision_recall(read_arm(low, f"{grids['standardised']}-l0.1", 0), notes)
+    except UserError as err:   # no completed answer names a code: the key stays unwritten, and the check says so
+        print(f"R-D10: standardised_write_lambda01_completed_f1 not written: {err}")
+        return v, inputs
+    v["standardised_write_lambda01_completed_f1"] = value(
+        2 * precision * recall / (precision + recall) if precision + recall else 0.0,
+        "micro-F1 over the validation notes with a completed answer, the standardised write-term cell at "
+        "lambda = 0.1", low / "generations.jsonl")
+    return v, inputs
 
 
 def main() -> int:

@@ -14,7 +14,10 @@ by at most 0.020" as how far the two control statistics move when the short case
 (`behaviour.control_sensitivity`); the reading of the control statistics themselves (one minus the
 agreement, the A-only rate's shift against the original's) is `control_disagreement_max`.  The
 category-level secondary is the primary difference with answers scored by three-character category,
-on the cases whose A and B lie in different categories.
+on the cases whose A and B lie in different categories.  The secondary pair (App. N.3: "the secondary
+is the fp32 pair at lambda = 0.01") is params evidence_flip.secondary: fp32 Mistill at the lambda
+selected for fp32 against fp32 Vanilla CoT-KD, seed for seed (stage EF-generate-secondary), read like the
+primary; its checkpoints enter the control statistics, which run over every checkpoint of Table 54.
 """
 
 from __future__ import annotations
@@ -59,7 +62,8 @@ def keys(params: dict) -> list[str]:
             "bf16_mistill_d_seeds", "bf16_vanilla_d_seeds", "bf16_mistill_follow_flip", "bf16_mistill_paired_success",
             "pooled_per_case_diff_sd", "preregistered_min_effect", "control_sensitivity_max",
             "control_disagreement_max", "cases", "category_secondary_cases", "category_secondary_delta_d",
-            "category_secondary_delta_d_interval",
+            "category_secondary_delta_d_interval", "secondary_delta_d_fp32", "secondary_delta_d_fp32_interval",
+            "secondary_fp32_d_seeds",
             *(f"table54_{group}" for group in rows)]
 
 
@@ -98,6 +102,14 @@ def compute_values(params: dict) -> tuple[dict, list[Path]]:
                 read[row] = readings(generations, pairs)
                 by_category[row] = readings(generations, other_category, level="category")
                 inputs.append(path)
+    secondary: dict[str, dict] = {"mistill": {}, "vanilla": {}}
+    for label, item in (params["evidence_flip"].get("secondary") or {}).items():
+        path = gen_dir / label / "generations.jsonl"
+        if path.exists():
+            seed = int(item["seed"])
+            read[f"secondary_{item['objective']}_s{seed}"] = secondary[item["objective"]][seed] = readings(
+                read_jsonl(path), pairs)
+            inputs.append(path)
     art = f"{gen_dir}/*/generations.jsonl"
     v: dict[str, dict] = {
         "cases": value(len(cases), "count of accepted cases", art),
@@ -156,6 +168,19 @@ def compute_values(params: dict) -> tuple[dict, list[Path]]:
         v["pooled_per_case_diff_sd"] = value(float(np.std(diff, ddof=1)), "SD of the per-case differences", art)
         v["detectable_delta"] = value(detectable_effect(diff), "approx. detectable delta (80% power, two-sided "
                                       "0.05, normal approximation)", art)
+    secondary_differences = paired_case_differences(secondary["mistill"], secondary["vanilla"])
+    if len(secondary_differences) > 1:
+        diff = interval(list(secondary_differences.values()))
+        n_pairs = len(set(secondary["mistill"]) & set(secondary["vanilla"]))
+        v["secondary_delta_d_fp32"] = value(diff.estimate, f"fp32 Mistill at the lambda selected for fp32 minus fp32 "
+                                            f"Vanilla CoT-KD: mean over {len(secondary_differences)} cases of the mean "
+                                            f"over {n_pairs} seed pairs", art)
+        v["secondary_delta_d_fp32_interval"] = value([diff.low, diff.high], f"{stats.confidence:.0%} percentile "
+                                                     "bootstrap over cases", art)
+        v["secondary_fp32_d_seeds"] = value(
+            [float(np.mean([x.d for x in secondary[o][s].values()])) for o in ("mistill", "vanilla")
+             for s in sorted(secondary[o])], "D per checkpoint, mean over cases: fp32 Mistill's seeds, then fp32 "
+            "Vanilla CoT-KD's", art)
     # per checkpoint and control: 1 - the mean agreement with the original's v, and the shift of the
     # A-only rate against the original's; the largest over checkpoints and controls
     shifts = []

@@ -1386,6 +1386,28 @@ def test_r_d10_lambda_selection_by_hand(tmp_path):
     evaluation(root / "reference" / labels["vanilla"], vanilla, m1_vanilla)
     evaluation(root / "reference" / labels["untrained"], {"n1": None, "n2": ["C00.0"], "n3": None, "n4": None},
                m1_vanilla)
+    # the pick at seeds 1 and 2 on the validation notes (references of role pick_seed)
+    seed_preds = {1: {**good, "n2": None}, 2: {**good, "n4": ["F00.0"]}}
+    for label, ref in selection["references"].items():
+        if ref["role"] == "pick_seed":
+            evaluation(root / "reference" / label, seed_preds[int(ref["seed"])], m1_pick)
+    # App. I.2's write-term grids: the cells R-D10 reads, their diagnostics set by hand
+    grids = selection["write_term"]
+
+    def diagnostics(path: Path, write: tuple[float, float], corr: tuple[float, float]) -> None:
+        side = lambda w, r: {"P1": {"terms": {"attn": 0.1, "inter": 0.2, "write": w}, "notes": 4, "events": 9,  # noqa: E731
+                                    "c_correlation": r}}
+        write_json(path / "diagnostics.json", {"before": side(write[0], corr[0]), "after": side(write[1], corr[1]),
+                                               "write_drop_percent": {"P1": 100 * (1 - write[1] / write[0])}})
+
+    m1_raw = {kind: {"n1": 0.5, "n2": 0.25, "n3": 0.25, "n4": 0.0} for kind in PHASES}
+    evaluation(root / grids["raw"] / "l1", cells[1.0], m1_raw)
+    diagnostics(root / grids["raw"] / "l1", (2.0, 0.14), (0.11, -0.06))
+    evaluation(root / grids["standardised"] / "l1", cells[1.0], m1_pick)
+    diagnostics(root / grids["standardised"] / "l1", (1.0, 0.5), (0.1, 0.38))
+    # at 0.1: n1 half right, n2 right, n3 wrong, n4 never completed
+    evaluation(root / grids["standardised"] / "l0.1", {"n1": GOLD["n1"][:1] + ["Z99.9"], "n2": GOLD["n2"],
+                                                       "n3": ["D00.0"], "n4": None}, m1_pick)
     # App. K's NULL control in the arms' test evaluations (<artifacts>/DT-eval); one arm run without it
     for label, null in (("student-qwen-vanilla-bf16-s0", 0.02), ("student-qwen-mistill-bf16-s0", 0.011),
                         ("student-smol-untrained-s0", None)):
@@ -1412,6 +1434,18 @@ def test_r_d10_lambda_selection_by_hand(tmp_path):
     assert v["selected_vs_vanilla_m1_p1"] == pytest.approx(np.mean([-0.1, 0, 0, 0]))
     low, high = v["selected_vs_vanilla_m1_p2c_interval"]
     assert low <= v["selected_vs_vanilla_m1_p2c"] <= high
+    seed_f1 = [f1s[0.1]] + [json.loads((root / "reference" / label / "task.json").read_text())["metrics"]["micro_f1"]
+                            for label, ref in sorted(selection["references"].items(), key=lambda x: x[1].get("seed", -1))
+                            if ref["role"] == "pick_seed"]
+    assert v["one_seed_val_microf1_seeds"] == pytest.approx(seed_f1) and len(set(seed_f1)) == 3
+    assert v["one_seed_noise_val_microf1"] == pytest.approx(np.std(seed_f1, ddof=1))
+    assert v["write_term_p1_drop"] == pytest.approx(93.0) and v["write_term_p1_before_after"] == [2.0, 0.14]
+    assert v["write_term_c_corr_before_after"] == [0.11, -0.06]
+    assert v["write_term_m1_p1_before_after"] == pytest.approx([np.mean(list(m1_vanilla["P1"].values())), 0.25])
+    assert v["standardised_write_term_c_corr"] == 0.38 and v["standardised_write_term_p1_drop"] == pytest.approx(50.0)
+    # completed answers n1-n3: A00.0, C00.0, D00.0 right; Z99.9 wrong; B00.0, E00.0 missed (n4 never completed)
+    tp, fp, fn = 3, 1, 2
+    assert v["standardised_write_lambda01_completed_f1"] == pytest.approx(2 * tp / (2 * tp + fp + fn))
 
 
 def _seed_grid_by_hand(tmp_path, params, rows: dict, notes: list[str], phases=("P2C",), rng_seed: int = 12) -> dict:

@@ -85,3 +85,21 @@ def test_a_grid_cell_is_a_mistill_run_at_its_lambda(params, tmp_path):
     spec = cell_spec(params, entry, 0.1 * 3, tmp_path / "run")    # 0.30000000000000004: the cell is l0.3
     assert spec.lambdas == (0.3, 0.3) and spec.precision == "fp32" and spec.heads == "random"
     assert spec.out == tmp_path / "run"
+
+
+def test_a_write_term_grid_trains_the_form_it_names_and_may_ask_for_diagnostics(params, tmp_path):
+    """App. I.2's grids: `terms` and `write_norm` are switches of the cells' runs, `diagnose` an option of the grid;
+    a key that is neither is refused."""
+    from mistill.distill.selection_grids import grid_entry
+
+    rule = {"student": "qwen", "seed": 0, "precision": "bf16", "lambdas": [0.1, 0.3, 1], "band": 0.004,
+            "extend": False}
+    selection = {"dir": str(tmp_path), "grids": {
+        "writenorm": {**rule, "terms": ["attn", "inter", "write"], "write_norm": True, "diagnose": True},
+        "typo": {**rule, "diagnosis": True}}}
+    entry = grid_entry(selection, "writenorm")
+    spec = cell_spec(params, entry, 1.0, tmp_path / "run")
+    assert spec.terms == ("attn", "inter", "write") and spec.write_norm and spec.lambdas == (1.0, 1.0)
+    assert not cell_spec(params, {**rule, "terms": ["attn", "inter", "write"]}, 1.0, tmp_path / "run").write_norm
+    with pytest.raises(UserError, match="unknown keys diagnosis"):
+        grid_entry(selection, "typo")

@@ -379,3 +379,46 @@ def test_r_d34_reads_target_minus_sham_the_interaction_and_the_offset_by_hand(tm
     # the execution path: behavioural D (1, 1) minus clean HF D (1, 0.5)
     assert values["teacher_execution_path_offset"]["value"] == pytest.approx(0.25)
     assert values["teacher_d_hf_path"]["value"] == pytest.approx(0.75)
+
+
+def test_r_d33_reads_the_fp32_secondary_pair_seed_for_seed_by_hand(tmp_path):
+    """App. N.3's secondary: fp32 Mistill at its own pick minus fp32 Vanilla CoT-KD, seed-matched pair differences
+    averaged within each case, read from the checkpoints params evidence_flip.secondary names."""
+    root = tmp_path / "EF"
+    cases_dir = root / "cases"
+    cases = ["EF001", "EF002", "EF003"]
+    for case in cases:
+        write_json(cases_dir / "authored" / f"{case}.json", {"case": case, "note_id": "n1", "code": "N18.3",
+                                                             "partner": "N18.4", "irrelevant_words_short": 0})
+    write_json(cases_dir / "cohort_row.json", {"accepted_cases": cases})
+    freeze(cases_dir, "authored", [cases_dir / "authored" / f"{c}.json" for c in cases])
+    freeze(cases_dir, "reconciliation", [cases_dir / "cohort_row.json"])
+    answer = {1: '["N18.3"]', -1: '["N18.4"]', 0: "[]"}
+    d_to_v = {1.0: (1, -1), 0.5: (1, 0), 0.0: (0, 0)}
+
+    def write(label, ds):     # one sample per case: D per case from (v original, v flipped); controls answer A
+        rows = [{"case": c, "condition": cond, "sample": 0, "completion": answer[x], "valid": True}
+                for c, d in zip(cases, ds) for cond, x in zip(("original", "flipped"), d_to_v[d])]
+        rows += [{"case": c, "condition": cond, "sample": 0, "completion": answer[1], "valid": True}
+                 for c in cases for cond in ("irrelevant", "order")]
+        write_jsonl(root / "gen" / label / "generations.jsonl", rows)
+
+    secondary = {"m0": ("mistill", 0, [1.0, 0.5, 0.0]), "m1": ("mistill", 1, [1.0, 1.0, 0.5]),
+                 "v0": ("vanilla", 0, [0.5, 0.5, 0.0]), "v1": ("vanilla", 1, [0.0, 1.0, 0.5])}
+    for label, (_, _, ds) in secondary.items():
+        write(label, ds)
+    params = {"name": "test", "distill": {"seeds": [0, 1]},
+              "evidence_flip": {"out_dir": str(root), "rules": RULES, "development": [], "excluded_splits": [],
+                                "authoring": "generator", "approval": "rule", "student": "qwen", "precision": "bf16",
+                                "secondary": {label: {"objective": o, "seed": s, "model": f"runs/{label}"}
+                                              for label, (o, s, _) in secondary.items()}},
+              "stats": {"bootstrap_resamples": 200}}
+    values, inputs = _reader("r_d33").compute_values(params)
+    # per case, the mean over seeds 0 and 1 of D_mistill - D_vanilla: EF001 (0.5 + 1) / 2, EF002 (0 + 0) / 2,
+    # EF003 (0 + 0) / 2
+    assert values["secondary_delta_d_fp32"]["value"] == pytest.approx((0.75 + 0 + 0) / 3)
+    low, high = values["secondary_delta_d_fp32_interval"]["value"]
+    assert low <= values["secondary_delta_d_fp32"]["value"] <= high
+    assert values["secondary_fp32_d_seeds"]["value"] == pytest.approx([0.5, 2.5 / 3, 1 / 3, 0.5])
+    assert {p.parent.name for p in inputs if p.name == "generations.jsonl"} == set(secondary)
+    assert "primary_delta_d_mistill_minus_vanilla_bf16" not in values   # no primary checkpoint answered

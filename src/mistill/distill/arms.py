@@ -182,7 +182,7 @@ def cot_loss(model, hidden: torch.Tensor, batch: NoteBatch, arm: ArmConfig) -> t
     return ce + kl, log
 
 
-def _align(student_index: torch.Tensor, teacher_index: np.ndarray):
+def aligned_events(student_index: torch.Tensor, teacher_index: np.ndarray):
     """Positions in the student's and teacher's arrays of the events both hold, in student order."""
     where = {int(e): i for i, e in enumerate(teacher_index)}
     pairs = [(i, where[int(e)]) for i, e in enumerate(student_index.tolist()) if int(e) in where]
@@ -197,7 +197,7 @@ def mechanism_terms(mech: dict, batch: NoteBatch, arm: ArmConfig, device) -> dic
         s, t = mech[phase], batch.teacher.get(phase)
         if s is None or t is None:
             continue
-        si, ti = _align(s["event_index"], t["event_index"])
+        si, ti = aligned_events(s["event_index"], t["event_index"])
         if not si:
             continue
         s_rows, t_rows = s["rows"][si], torch.from_numpy(t["rows"][ti]).to(device)
@@ -231,6 +231,25 @@ def padded_ids(batches: list[NoteBatch], pad_id: int, device) -> torch.Tensor:
     return ids.to(device)
 
 
+def notes_forward(model, batches: list[NoteBatch], arm: ArmConfig, pools: dict[str, Pool] | None = None,
+                  rows_hook: SupervisedRows | None = None):
+    """The notes' one padded forward: the final hidden states [B, T_max, D] and, for Mistill, each note's row
+    plan, whose pooled rows `rows_hook` recorded (read them with `read_mechanism(model, plan, rows_hook, row)`)."""
+    device = next(model.parameters()).device
+    lengths = [len(b.ids) for b in batches]
+    ids = padded_ids(batches, model.config.pad_token_id or 0, device)
+    plans = None
+    if arm.arm == "mistill":
+        plans = [plan_rows(b.view, b.events, pools, pools["P1"], arm.window, device) for b in batches]
+        rows_hook.arm_rows([RowPlan(p.requests, p.n_buckets, n) for p, n in zip(plans, lengths)])
+    try:
+        hidden = model.model(input_ids=ids).last_hidden_state
+    finally:
+        if rows_hook is not None:
+            rows_hook.stop_recording()
+    return hidden, plans
+
+
 def notes_loss(model, batches: list[NoteBatch], arm: ArmConfig, pools: dict[str, Pool] | None = None,
                rows_hook: SupervisedRows | None = None) -> list[tuple[torch.Tensor, dict]]:
     """Each note's loss under the arm and a log of its pieces, the notes in one forward.
@@ -244,16 +263,7 @@ def notes_loss(model, batches: list[NoteBatch], arm: ArmConfig, pools: dict[str,
     """
     device = next(model.parameters()).device
     lengths = [len(b.ids) for b in batches]
-    ids = padded_ids(batches, model.config.pad_token_id or 0, device)
-    plans = None
-    if arm.arm == "mistill":
-        plans = [plan_rows(b.view, b.events, pools, pools["P1"], arm.window, device) for b in batches]
-        rows_hook.arm_rows([RowPlan(p.requests, p.n_buckets, n) for p, n in zip(plans, lengths)])
-    try:
-        hidden = model.model(input_ids=ids).last_hidden_state
-    finally:
-        if rows_hook is not None:
-            rows_hook.stop_recording()
+    hidden, plans = notes_forward(model, batches, arm, pools, rows_hook)
     out = []
     for row, (batch, length) in enumerate(zip(batches, lengths)):
         cot, log = cot_loss(model, hidden[row, :length], batch, arm)

@@ -22,8 +22,8 @@ from mistill.errors import UserError
 
 # what a variant may change of the recipe: `mistill distill train` options of the same names
 # what a variant may change; `arm` names its objective (Mistill unless "vanilla": the Vanilla CoT-KD controls)
-VARIANT_SWITCHES = ("arm", "window", "lambda_p1", "lambda_p2", "lambda_from", "dose", "terms", "heads", "k", "pool_seed",
-                    "positions", "event_weight", "n_train", "targets_from")
+VARIANT_SWITCHES = ("arm", "window", "lambda_p1", "lambda_p2", "lambda_from", "dose", "terms", "write_norm", "heads", "k",
+                    "pool_seed", "positions", "event_weight", "n_train", "targets_from")
 VARIANT_IDENTITY = ("student", "seed", "precision")
 VARIANT_RUN_OPTIONS = ("retrain",)   # how the run is made, not its recipe: train even where a main run has it
 POSITION_RULES = ("events", "random")   # where the loss rows sit: the teacher's events, or RandPos (App. M.1)

@@ -8,6 +8,7 @@ arm (`evaluate arm`), on the validation notes of params `selection` with the tea
 The rule is `mistill.distill.selection`. Written:
 
     <selection.dir>/<name>/l<λ>/{run/, generations.jsonl, task.json, fidelity.json, m1.json, cell.json}
+    <selection.dir>/<name>/l<λ>/diagnostics.json   the cell's mechanism terms before and after (`diagnose: true`)
     <selection.dir>/picks/<name>.json   the cells, the tied set and the pick: what the Mistill runs read
 
 The picks sit apart from the cells so that the variants' training stages can depend on every pick (an
@@ -49,7 +50,10 @@ def run_cell(params: dict, parser, name: str, entry: dict, lam: float, grid_dir:
     cell_dir = grid_dir / f"l{lam:g}"
     run, readout = cell_dir / "run", cell_dir / "cell.json"
     weights = run / "model" / "model.safetensors"
-    train_run(params, cell_spec(params, entry, lam, run))
+    spec = cell_spec(params, entry, lam, run)
+    train_run(params, spec)
+    if entry.get("diagnose"):
+        diagnose_cell(params, spec, cell_dir / "diagnostics.json")
     if readout.is_file() and weights.is_file():
         done = read_json(readout, "selection cell")
         if done.get("weights_sha256") == file_sha256(weights):
@@ -66,6 +70,18 @@ def run_cell(params: dict, parser, name: str, entry: dict, lam: float, grid_dir:
     write_json(readout, {"lambda": lam, "micro_f1": cell.micro_f1, "m1_p2c": cell.m1_p2c,
                          "weights_sha256": file_sha256(weights)})
     return cell
+
+
+def diagnose_cell(params: dict, spec: RunSpec, out: Path) -> None:
+    """The cell's mechanism terms before and after training (mistill.distill.diagnostics), kept while they name the
+    weights on disk."""
+    from mistill.distill.diagnostics import diagnose_run
+    from mistill.io import file_sha256, read_json, write_json
+
+    weights_sha256 = file_sha256(spec.out / "model" / "model.safetensors")
+    if out.is_file() and read_json(out, "mechanism diagnostics").get("weights_sha256") == weights_sha256:
+        return
+    write_json(out, {**diagnose_run(params, spec), "weights_sha256": weights_sha256})
 
 
 def cmd_select(args) -> int:

@@ -16,6 +16,9 @@ from mistill.errors import UserError
 from mistill.io import read_json
 
 GRID_RULE = ("lambdas", "band", "extend")
+# optional: `diagnose: true` also reads each cell's mechanism terms before and after training
+# (mistill.distill.diagnostics; the write-term grids of R-D10)
+GRID_OPTIONS = ("diagnose",)
 RESERVED = ("picks", "reference")   # directories of selection.dir beside the grids' cells
 # what a grid's cells may change besides λ: a variant's switches, less those that set or rescale λ
 GRID_SWITCHES = tuple(s for s in VARIANT_SWITCHES if s not in ("arm", "lambda_p1", "lambda_p2", "lambda_from", "dose"))
@@ -32,11 +35,12 @@ def grid_entry(selection: dict, name: str) -> dict:
                         f"rename the grid")
     entry = dict(grids[name])
     missing = [k for k in (*VARIANT_IDENTITY, *GRID_RULE) if k not in entry]
-    unknown = sorted(set(entry) - set(VARIANT_IDENTITY) - set(GRID_RULE) - set(GRID_SWITCHES))
+    unknown = sorted(set(entry) - set(VARIANT_IDENTITY) - set(GRID_RULE) - set(GRID_OPTIONS) - set(GRID_SWITCHES))
     if missing or unknown:
         raise UserError(f"params selection.grids.{name}: "
                         + "; ".join([f"missing {', '.join(missing)}"] * bool(missing)
-                                    + [f"unknown keys {', '.join(unknown)} (switches: {', '.join(GRID_SWITCHES)})"]
+                                    + [f"unknown keys {', '.join(unknown)} (switches: {', '.join(GRID_SWITCHES)}; options: "
+                                       f"{', '.join(GRID_OPTIONS)})"]
                                     * bool(unknown)))
     entry["lambdas"] = check_grid(entry["lambdas"])
     return entry

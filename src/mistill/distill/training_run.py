@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -42,8 +43,23 @@ def run_identity(student_spec, teacher_spec, targets_dir: Path, manifest: dict) 
             "targets": str(targets_dir)}
 
 
-def train_run(params: Mapping[str, Any], spec: RunSpec) -> int:
-    """Train the run `spec` names (resumable); the number of optimiser steps taken now."""
+@dataclass
+class RunInputs:
+    """What a run trains from: the student as loaded for its precision, the arm, the pools and the notes."""
+
+    student: Any
+    student_tok: Any
+    arm: Any                   # mistill.distill.arms.ArmConfig
+    pools: dict | None         # the student's head pools (a Mistill run)
+    notes: list                # one NoteBatch per training note
+    manifest: dict             # the targets' manifest
+    targets_dir: Path
+    student_spec: str
+
+
+def run_inputs(params: Mapping[str, Any], spec: RunSpec) -> RunInputs:
+    """Load the student and the teacher's targets of run `spec` and build its arm and pools (a RandPos run's own
+    targets are computed here, inside its directory)."""
     import torch
 
     from mistill.distill import arms
@@ -51,11 +67,10 @@ def train_run(params: Mapping[str, Any], spec: RunSpec) -> int:
     from mistill.distill.subsets import training_subset
     from mistill.distill.targets import check_teacher, read_note_targets
     from mistill.distill.targets_pass import teacher_targets
-    from mistill.distill.trainer import Trainer, precision_dtype
+    from mistill.distill.trainer import precision_dtype
     from mistill.models.fingerprint import model_fingerprint
     from mistill.models.loading import ModelSpec, load_model, load_tokenizer, resolve_device, set_threads
 
-    cfg = params["distill"]
     set_threads(params["models"])
     student_spec = params["models"].get(spec.student, spec.student)
     targets_dir = spec.targets
@@ -90,12 +105,22 @@ def train_run(params: Mapping[str, Any], spec: RunSpec) -> int:
     for note_id in training_subset(manifest["notes"], spec.n_train):
         meta, arrays = read_note_targets(targets_dir / f"{note_id}.npz")
         notes.append(arms.prepare_note(meta, arrays, student_tok, teacher_tok, arm))
+    return RunInputs(student, student_tok, arm, pools, notes, manifest, targets_dir, str(student_spec))
+
+
+def train_run(params: Mapping[str, Any], spec: RunSpec) -> int:
+    """Train the run `spec` names (resumable); the number of optimiser steps taken now."""
+    from mistill.distill.trainer import Trainer
+
+    cfg = params["distill"]
+    inputs = run_inputs(params, spec)
+    student, student_tok, arm, pools, notes = inputs.student, inputs.student_tok, inputs.arm, inputs.pools, inputs.notes
     mutated = {}
     if spec.arm == "mistill" and spec.targets_from == "other_notes":
         from mistill.distill.other_notes import targets_of_other_notes
 
         mutated = {"targets_from": "other_notes", "donors": targets_of_other_notes(notes, seed=spec.seed)}
-    run_config = {**run_identity(student_spec, spec.teacher, targets_dir, manifest),
+    run_config = {**run_identity(inputs.student_spec, spec.teacher, inputs.targets_dir, inputs.manifest),
                   "pools": {p: v.as_dict() for p, v in (pools or {}).items()}, **mutated,
                   "provenance": provenance({"distill": cfg}, seed=spec.seed)}
     trainer = Trainer(student, notes, arm, train_config(cfg["train"], spec.precision, spec.seed, lr=spec.lr), spec.out,
