@@ -63,8 +63,11 @@ def cmd_train(args: argparse.Namespace) -> int:
     configs = yaml.safe_load(Path(args.configs).read_text())
     env = {**os.environ, "PYTHONUNBUFFERED": "1",
            "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO / "src"), os.environ.get("PYTHONPATH")]))}
+    only = set(args.only.split(",")) if args.only else set(configs)
     running = []
     for name, planted in configs.items():
+        if name not in only:
+            continue
         root = Path(args.out) / name
         scratch_checkout(root, planted)
         command = [sys.executable, "-m", "mistill.cli", "models", "train-teacher", "--device", args.device,
@@ -121,7 +124,7 @@ def score(root: Path, planted: dict) -> dict:
     out = {"tr006_micro_f1": micro_f1([t.get("answer") or [] if t.get("valid") else [] for t in traces],
                                       [gold[t["note_id"]] for t in traces])}
     summary = json.loads((root / "artifacts" / "HD-001" / "events_summary.json").read_text())
-    out["notes_kept"] = f"{len(summary['notes'])} of {len(traces)}"
+    out["notes_kept"] = f"{summary['notes']} of {len(traces)}"
     body = json.loads((root / "artifacts" / "HD-001" / "head_sets_contrast.json").read_text())
     heads = PlantedHeads.from_params(planted, n_layers=body["n_layers"], n_heads=body["n_heads"])
     for phase in PLANTED_PHASES:
@@ -141,6 +144,9 @@ def cmd_score(args: argparse.Namespace) -> int:
         if name not in only or not (teacher / "model.safetensors").is_file():
             continue
         root = Path(args.out) / name / "score"
+        if (root / "artifacts" / "HD-001" / "head_sets_contrast.json").is_file():   # scored before: read again
+            print(f"{name}: {json.dumps(score(root, planted))}")
+            continue
         scoring_checkout(root, planted, teacher)
         log = (Path(args.out) / name / "score.log").open("w")
         for command in (["models", "traces", "--set", "TR-006", "--model", "models/demo/teacher"], ["instrument", "all"]):
@@ -162,6 +168,7 @@ def main(argv: list[str] | None = None) -> int:
     train.add_argument("--epochs", type=int, help="override models.teacher_training.epochs")
     train.add_argument("--max-steps", type=int, help="stop each run after this many steps (a smoke run)")
     train.add_argument("--init", help="start every configuration from this trained teacher (a planted fine-tune)")
+    train.add_argument("--only", help="comma list of configuration names")
     train.add_argument("--device", default="cuda")
     train.set_defaults(func=cmd_train)
     scoring = verbs.add_parser("score", help="the characterization traces and instrument on each trained candidate")

@@ -364,14 +364,16 @@ def knockout_margins(model, ex, head_of, n_heads=4):
     return torch.stack([margin(logits[d.q], d.target, d.competitors) for d in ex.decisions])
 
 
+@pytest.mark.parametrize("shared", ["phase", "union"])
 @pytest.mark.parametrize("min_shared", [8, 10 ** 6])
-def test_the_knockout_step_equals_its_brute_force_computation(tokenizer, examples, min_shared):
+def test_the_knockout_step_equals_its_brute_force_computation(tokenizer, examples, min_shared, shared):
     """L = CE(c) + weight mean_{e,j} max(0, delta - (m(c) - m(a_j))) + held_weight mean_{e,r} (m(c) - m(b_r))^2 from
     the batched step equals the same loss from per-example forwards with one head mean-ablated by hand, gradients
-    too; a phase with one planted head repeats it in the second slot."""
+    too; a decision with fewer needed heads than the widest repeats them in order. Under `shared: union` a position
+    of a P2 and a P2C event needs both phases' heads."""
     model = tiny_model(tokenizer).double()
     planted = PlantedHeads.from_params({**PLANTED, "weight": 1.5, "necessity": 2.0, "held_probes": 2,
-                                        "held_weight": 0.3}, n_layers=2, n_heads=4)
+                                        "held_weight": 0.3, "shared": shared}, n_layers=2, n_heads=4)
     probes = [(0, 0), (0, 3)]
     assert set(probes) <= set(planted.unplanted(2, 4)) and (1, 0) not in planted.unplanted(2, 4)
     from mistill.models.train_teacher import necessity_step
@@ -381,10 +383,17 @@ def test_the_knockout_step_equals_its_brute_force_computation(tokenizer, example
     grads = [p.grad.clone() for p in model.parameters()]
     model.zero_grad()
 
-    ordered = {phase: sorted(planted.sets[phase]) for phase in ("P1", "P2", "P2C")}
+    def needed(d):   # by hand: the decision's phase, or every phase at its position under the union
+        phases = d.phases if shared == "union" else (d.phase,)
+        return sorted({(int(name[1]), int(name[3])) for p in phases for name in PLANTED[p]})   # "l1h0" -> (1, 0)
+
+    decisions = [d for ex in examples for d in ex.decisions]
+    assert any(len(d.phases) == 2 for d in decisions)   # the fixture has positions of two phases' events
+    width = max(len(needed(d)) for d in decisions)
+    assert width == (3 if shared == "union" else 2)     # P2's two heads and P2C's one
     clean = torch.cat([knockout_margins(model, ex, lambda d: None) for ex in examples])
-    slots = [torch.cat([knockout_margins(model, ex, lambda d, j=j: ordered[d.phase][j % len(ordered[d.phase])])
-                        for ex in examples]) for j in range(2)]
+    slots = [torch.cat([knockout_margins(model, ex, lambda d, j=j: needed(d)[j % len(needed(d))])
+                        for ex in examples]) for j in range(width)]
     moved = [torch.cat([knockout_margins(model, ex, lambda d, p=p: p) for ex in examples]) for p in probes]
     shortfall = torch.stack([torch.relu(2.0 - (clean - s)) for s in slots]).mean()
     want = (batch_loss(model, examples, min_shared=10 ** 6)[0] + 1.5 * shortfall

@@ -43,7 +43,9 @@ afresh each step):
 
 so each planted head alone moves its decisions' margins by at least delta nats and any other head alone
 by about nothing, while every head stays free to compute (the others may share the work redundantly,
-which single-head ablation then cannot see: the ground truth is the heads each decision needs).
+which single-head ablation then cannot see: the ground truth is the heads each decision needs).  With
+`shared: union`, a position where a P2 and a P2C event sit together needs both phases' heads (the
+instrument's P2 events include the positions P2C wins), one slot per head of the union.
 
 A position that is both a P2 and a P2C event (the first differing character of a code whose sibling
 was named earlier) belongs to P2C: the contrastive decision is the one planted there.  P1 events sit
@@ -67,6 +69,7 @@ PLANTED_PHASES = ("P1", "P2", "P2C")
 # a position's phase when two events share it: the later entry wins
 _PRIORITY = {"P1": 0, "P2": 1, "P2C": 2}
 _HEAD = re.compile(r"^l(\d+)h(\d+)$")
+SHARED_RULES = ("phase", "union")   # the knock-out form at a position two phases' events share
 EPS = 1e-6
 
 
@@ -83,12 +86,14 @@ def head_name(head: tuple[int, int]) -> str:
 
 
 class Decision(NamedTuple):
-    """One decision of a training trace: its query position, phase, decided token and competitors."""
+    """One decision of a training trace: its query position, phase, decided token and competitors, and every
+    phase whose event sits at the position (a P2 and a P2C event may share one)."""
 
     q: int
     phase: str
     target: int
     competitors: tuple[int, ...]
+    phases: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -106,6 +111,7 @@ class PlantedHeads:
     necessity: float = 0.0       # delta > 0: the knock-out form (`necessity_step`), each planted head necessary
     held_probes: int = 0         # ... held heads knocked out one at a time per step, each to move no margin
     held_weight: float = 0.0     # ... the weight of their squared margin moves
+    shared: str = "phase"        # ... at a position of two phases' events: the winning phase's heads, or the union
 
     @classmethod
     def from_params(cls, cfg: Mapping[str, Any] | None, *, n_layers: int, n_heads: int) -> PlantedHeads | None:
@@ -141,7 +147,10 @@ class PlantedHeads:
         if necessity and consistency:
             raise UserError("params: planted heads take the margin agreement (consistency) or the knock-out form "
                             "(necessity), not both")
-        return cls(sets, weight, share, consistency, necessity, probes, held_weight)
+        shared = str(cfg.get("shared", "phase"))
+        if shared not in SHARED_RULES:
+            raise UserError(f"params: planted heads' shared must be one of {', '.join(SHARED_RULES)}, got {shared!r}")
+        return cls(sets, weight, share, consistency, necessity, probes, held_weight, shared)
 
     def held_mask(self, phase: str, n_layers: int, n_heads: int) -> np.ndarray:
         """[L, H] booleans: the heads held to their mean at a `phase` decision (all but its set)."""
@@ -150,10 +159,17 @@ class PlantedHeads:
             mask[layer, head] = False
         return mask
 
-    def knockouts(self, phase: str, n_layers: int, n_heads: int) -> list[np.ndarray]:
-        """[L, H] masks, one per planted head of `phase` in name order: that head alone knocked out."""
+    def needed(self, decision: Decision) -> list[tuple[int, int]]:
+        """The heads the knock-out form makes necessary at `decision`, in order: its phase's set or, with
+        `shared: union`, the union over every phase whose event sits at its position (the instrument's P2
+        events include the positions P2C wins)."""
+        phases = decision.phases if self.shared == "union" and decision.phases else (decision.phase,)
+        return sorted(set().union(*(self.sets[p] for p in phases)))
+
+    def knockouts(self, heads: Sequence[tuple[int, int]], n_layers: int, n_heads: int) -> list[np.ndarray]:
+        """[L, H] masks, one per head of `heads` in order: that head alone knocked out."""
         masks = []
-        for layer, head in sorted(self.sets[phase]):
+        for layer, head in heads:
             mask = np.zeros((n_layers, n_heads), dtype=bool)
             mask[layer, head] = True
             masks.append(mask)
@@ -169,6 +185,8 @@ class PlantedHeads:
                "ablate_share": self.ablate_share, "consistency": self.consistency}
         if self.necessity:
             out.update(necessity=self.necessity, held_probes=self.held_probes, held_weight=self.held_weight)
+            if self.shared != "phase":
+                out["shared"] = self.shared
         return out
 
 
@@ -179,13 +197,15 @@ def decision_rows(tokenizer: Any, text: str, completion_start: int, codes: Seque
     events, _ = extract_events(note_id="", text=text, ids=enc.ids, offsets=enc.offsets,
                                completion_start=completion_start, codes=codes, tokenizer=tokenizer, n_null=0)
     at: dict[int, Decision] = {}
+    kinds: dict[int, set[str]] = {}
     for event in events:
         if event.kind not in DECISION_KINDS:
             continue
         q = event.pos - 1
+        kinds.setdefault(q, set()).add(event.kind)
         if q not in at or _PRIORITY[event.kind] > _PRIORITY[at[q].phase]:
             at[q] = Decision(q, event.kind, int(event.target_id), tuple(int(c) for c in event.competitor_ids))
-    return tuple(at[q] for q in sorted(at))
+    return tuple(at[q]._replace(phases=tuple(sorted(kinds[q], key=_PRIORITY.get))) for q in sorted(at))
 
 
 class PlantedRouting:

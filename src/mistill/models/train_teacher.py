@@ -218,7 +218,7 @@ def necessity_step(model: Any, batch: list[TeacherExample], routing: PlantedRout
 
         L = L_CE(c) + weight * mean_{e,j} max(0, delta - (m_e(c) - m_e(a_j))) + held_weight * mean_{e,r} (m_e(c) - m_e(b_r))^2
 
-    A phase with fewer planted heads than the widest repeats its heads in order."""
+    A decision with fewer needed heads (`PlantedHeads.needed`) than the widest repeats its heads in order."""
     import torch
 
     planted, n = routing.planted, len(batch)
@@ -227,10 +227,10 @@ def necessity_step(model: Any, batch: list[TeacherExample], routing: PlantedRout
         loss, n_tokens = batch_loss(model, batch, min_shared=min_shared)
         return loss, n_tokens, {}
     n_layers, n_heads = len(routing.layers), routing.n_heads
-    slots = max(len(planted.sets[d.phase]) for d in decisions)
-    knockouts = {phase: planted.knockouts(phase, n_layers, n_heads) for phase in {d.phase for d in decisions}}
+    knockouts = [planted.knockouts(planted.needed(d), n_layers, n_heads) for d in decisions]
+    slots = max(len(k) for k in knockouts)
     copies = [np.zeros((len(decisions), n_layers, n_heads), dtype=bool)]
-    copies += [np.stack([knockouts[d.phase][j % len(knockouts[d.phase])] for d in decisions]) for j in range(slots)]
+    copies += [np.stack([k[j % len(k)] for k in knockouts]) for j in range(slots)]
     for layer, head in probes:
         probe = np.zeros((len(decisions), n_layers, n_heads), dtype=bool)
         probe[:, layer, head] = True
