@@ -10,11 +10,9 @@ from mistill.distill import pools as pl
 from mistill.distill import targets as tg
 from mistill.distill.trainer import TrainConfig, Trainer
 from mistill.errors import UserError
-from mistill.io import write_jsonl
-from mistill.models.tokenizers import CompactTokenizer, build_remap, qwen3_tokenizer, smollm3_tokenizer
-from mistill.world.prompt import build_prompt
-from tests.distill.conftest import LINES, NOTE_TEXT
-from tests.distill.test_training import _head_sets, _model
+from mistill.models.tokenizers import CompactTokenizer, build_remap, smollm3_tokenizer
+from tests.distill.conftest import NOTE_TEXT
+from tests.distill.test_training import _head_sets, _model, targets_world
 
 torch.set_num_threads(1)
 
@@ -26,17 +24,8 @@ NOTES = {"short": " ".join(NOTE_TEXT.split()[:40]), "mid": NOTE_TEXT,
 @pytest.fixture(scope="module")
 def world(tmp_path_factory, completion, events):
     tmp_path = tmp_path_factory.mktemp("batched")
-    prompts = {n: build_prompt(text, LINES) for n, text in NOTES.items()}
-    base = qwen3_tokenizer()
-    tok = CompactTokenizer(base, build_remap(base, [base.chat_prompt(p) + completion for p in prompts.values()]))
-    teacher = _model(tok, seed=1, layers=3)
-    for note_id in NOTES:
-        write_jsonl(tmp_path / "events" / note_id / "events.jsonl", events)
-    traces = [{"note_id": n, "prompt": p, "completion": completion, "valid": True} for n, p in prompts.items()]
-    hs = _head_sets(3, 4, 0)
-    manifest = tg.compute_targets(teacher, tok, traces, tmp_path / "events", tmp_path / "targets",
-                                  pl.build_pools(hs, 6), pl.build_pool(hs, "prose", 6), window=8, topk=8,
-                                  teacher_id="tiny-teacher", provenance={})
+    tok, _, prompts, manifest = targets_world(tmp_path, NOTES, completion, events, layers=3,
+                                              head_sets=_head_sets(3, 4, 0), k=6)
     smol_base = smollm3_tokenizer()
     smol_tok = CompactTokenizer(smol_base, build_remap(smol_base, [smol_base.chat_prompt(p) + completion
                                                                    for p in prompts.values()]))

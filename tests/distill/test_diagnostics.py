@@ -12,11 +12,8 @@ from mistill.distill import targets as tg
 from mistill.distill.diagnostics import c_correlation, measure_terms, write_drop_percent
 from mistill.distill.mechanism import supervised_layers
 from mistill.distill.pooled_attention import SupervisedRows
-from mistill.io import write_jsonl
-from mistill.models.tokenizers import CompactTokenizer, build_remap, qwen3_tokenizer
-from mistill.world.prompt import build_prompt
-from tests.distill.conftest import LINES, NOTE_TEXT
-from tests.distill.test_training import _head_sets, _model
+from tests.distill.conftest import NOTE_TEXT
+from tests.distill.test_training import _head_sets, _model, targets_world
 
 torch.set_num_threads(1)
 
@@ -34,18 +31,9 @@ def _same_sets(n_layers, n_heads, seed):
 def world(tmp_path_factory, completion, events):
     """Targets of a tiny teacher on two notes, and the pools they were computed with."""
     tmp_path = tmp_path_factory.mktemp("diagnostics")
-    prompts = {n: build_prompt(text, LINES) for n, text in NOTES.items()}
-    base = qwen3_tokenizer()
-    tok = CompactTokenizer(base, build_remap(base, [base.chat_prompt(p) + completion for p in prompts.values()]))
-    teacher = _model(tok, seed=1, layers=2)
-    for note_id in NOTES:
-        write_jsonl(tmp_path / "events" / note_id / "events.jsonl", events)
-    traces = [{"note_id": n, "prompt": p, "completion": completion, "valid": True} for n, p in prompts.items()]
     sets = _same_sets(2, 4, 0)
+    tok, teacher, _, manifest = targets_world(tmp_path, NOTES, completion, events, layers=2, head_sets=sets, k=5)
     pools = pl.build_pools(sets, 5)
-    manifest = tg.compute_targets(teacher, tok, traces, tmp_path / "events", tmp_path / "targets", pools,
-                                  pl.build_pool(sets, "prose", 5), window=8, topk=8, teacher_id="tiny-teacher",
-                                  provenance={})
     arm = arms.ArmConfig(arm="mistill", terms=("attn", "inter", "write"))
     notes = []
     for note_id in manifest["notes"]:

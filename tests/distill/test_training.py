@@ -40,6 +40,25 @@ def _head_sets(n_layers, n_heads, seed):
     return {"n_layers": n_layers, "n_heads": n_heads, "phases": phases, "tau": {}, "provenance": {}}
 
 
+def targets_world(tmp_path, notes: dict, completion: str, events: list, *, layers: int, head_sets: dict, k: int):
+    """A tiny teacher's targets on `notes` (id -> text; the same trace after each): the tokenizer, the teacher,
+    the prompts and the targets' manifest (under tmp_path / "targets")."""
+    from mistill.world.prompt import build_prompt
+    from tests.distill.conftest import LINES
+
+    prompts = {n: build_prompt(text, LINES) for n, text in notes.items()}
+    base = qwen3_tokenizer()
+    tok = CompactTokenizer(base, build_remap(base, [base.chat_prompt(p) + completion for p in prompts.values()]))
+    teacher = _model(tok, seed=1, layers=layers)
+    for note_id in notes:
+        write_jsonl(tmp_path / "events" / note_id / "events.jsonl", events)
+    traces = [{"note_id": n, "prompt": p, "completion": completion, "valid": True} for n, p in prompts.items()]
+    manifest = tg.compute_targets(teacher, tok, traces, tmp_path / "events", tmp_path / "targets",
+                                  pl.build_pools(head_sets, k), pl.build_pool(head_sets, "prose", k), window=8, topk=8,
+                                  teacher_id="tiny-teacher", provenance={})
+    return tok, teacher, prompts, manifest
+
+
 @pytest.fixture(scope="module")
 def setup(tmp_path_factory, note_prompt, completion, events):
     tmp_path = tmp_path_factory.mktemp("targets")

@@ -325,17 +325,22 @@ def _reader(name):
     return load_reader(Path(__file__).resolve().parents[2] / "readers" / f"{name}.py")
 
 
-def test_r_d34_reads_target_minus_sham_the_interaction_and_the_offset_by_hand(tmp_path):
-    """Two cases, one sample: D per case is (v_original - v_flipped) / 2 from the hand-set answers."""
-    root = tmp_path / "EF"
+def accepted_cases_by_hand(root, cases) -> None:
+    """`cases` authored (A N18.3, B N18.4, no short control), reconciled and frozen under root / "cases"."""
     cases_dir = root / "cases"
-    cases = ["EF001", "EF002"]
     for case in cases:
         write_json(cases_dir / "authored" / f"{case}.json", {"case": case, "note_id": "n1", "code": "N18.3",
                                                              "partner": "N18.4", "irrelevant_words_short": 0})
     write_json(cases_dir / "cohort_row.json", {"accepted_cases": cases})
     freeze(cases_dir, "authored", [cases_dir / "authored" / f"{c}.json" for c in cases])
     freeze(cases_dir, "reconciliation", [cases_dir / "cohort_row.json"])
+
+
+def test_r_d34_reads_target_minus_sham_the_interaction_and_the_offset_by_hand(tmp_path):
+    """Two cases, one sample: D per case is (v_original - v_flipped) / 2 from the hand-set answers."""
+    root = tmp_path / "EF"
+    cases = ["EF001", "EF002"]
+    accepted_cases_by_hand(root, cases)
     answer = {1: '["N18.3"]', -1: '["N18.4"]', 0: "[]"}
 
     def write(path, v):      # v: case -> (v original, v flipped)
@@ -385,14 +390,8 @@ def test_r_d33_reads_the_fp32_secondary_pair_seed_for_seed_by_hand(tmp_path):
     """App. N.3's secondary: fp32 Mistill at its own pick minus fp32 Vanilla CoT-KD, seed-matched pair differences
     averaged within each case, read from the checkpoints params evidence_flip.secondary names."""
     root = tmp_path / "EF"
-    cases_dir = root / "cases"
     cases = ["EF001", "EF002", "EF003"]
-    for case in cases:
-        write_json(cases_dir / "authored" / f"{case}.json", {"case": case, "note_id": "n1", "code": "N18.3",
-                                                             "partner": "N18.4", "irrelevant_words_short": 0})
-    write_json(cases_dir / "cohort_row.json", {"accepted_cases": cases})
-    freeze(cases_dir, "authored", [cases_dir / "authored" / f"{c}.json" for c in cases])
-    freeze(cases_dir, "reconciliation", [cases_dir / "cohort_row.json"])
+    accepted_cases_by_hand(root, cases)
     answer = {1: '["N18.3"]', -1: '["N18.4"]', 0: "[]"}
     d_to_v = {1.0: (1, -1), 0.5: (1, 0), 0.0: (0, 0)}
 
