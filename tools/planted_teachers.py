@@ -59,10 +59,15 @@ def scratch_checkout(root: Path, planted: dict) -> None:
     (root / "params.yaml").write_text(params_with_planted((REPO / "params.yaml").read_text(), planted))
 
 
+def child_env() -> dict[str, str]:
+    """The environment of a `mistill` child process: this checkout's src first, output unbuffered."""
+    return {**os.environ, "PYTHONUNBUFFERED": "1",
+            "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO / "src"), os.environ.get("PYTHONPATH")]))}
+
+
 def cmd_train(args: argparse.Namespace) -> int:
     configs = yaml.safe_load(Path(args.configs).read_text())
-    env = {**os.environ, "PYTHONUNBUFFERED": "1",
-           "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO / "src"), os.environ.get("PYTHONPATH")]))}
+    env = child_env()
     only = set(args.only.split(",")) if args.only else set(configs)
     running = []
     for name, planted in configs.items():
@@ -137,8 +142,7 @@ def score(root: Path, planted: dict) -> dict:
 def cmd_score(args: argparse.Namespace) -> int:
     configs = yaml.safe_load(Path(args.configs).read_text())
     only = set(args.only.split(",")) if args.only else set(configs)
-    env = {**os.environ, "PYTHONUNBUFFERED": "1",
-           "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO / "src"), os.environ.get("PYTHONPATH")]))}
+    env = child_env()
     for name, planted in configs.items():
         teacher = Path(args.out) / name / "teacher"
         if name not in only or not (teacher / "model.safetensors").is_file():

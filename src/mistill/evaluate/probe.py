@@ -28,6 +28,7 @@ from pathlib import Path
 import numpy as np
 
 from mistill.errors import UserError
+from mistill.evaluate.compare import labelled_seed_dirs
 
 PHASE = "P2C"
 
@@ -94,8 +95,6 @@ def probe_head_sets(arm_sets: dict, reference_sets: Sequence[dict], rank: int) -
 
 def reference_dirs(root: Path, label: str) -> list[Path]:
     """Every <root>/<label>-s<seed> with an own ranking, by seed."""
-    from mistill.evaluate.compare import labelled_seed_dirs
-
     return list(labelled_seed_dirs(root, label, "head_sets_contrast.json").values())
 
 

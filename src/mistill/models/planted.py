@@ -166,15 +166,6 @@ class PlantedHeads:
         phases = decision.phases if self.shared == "union" and decision.phases else (decision.phase,)
         return sorted(set().union(*(self.sets[p] for p in phases)))
 
-    def knockouts(self, heads: Sequence[tuple[int, int]], n_layers: int, n_heads: int) -> list[np.ndarray]:
-        """[L, H] masks, one per head of `heads` in order: that head alone knocked out."""
-        masks = []
-        for layer, head in heads:
-            mask = np.zeros((n_layers, n_heads), dtype=bool)
-            mask[layer, head] = True
-            masks.append(mask)
-        return masks
-
     def unplanted(self, n_layers: int, n_heads: int) -> list[tuple[int, int]]:
         """The heads no phase plants, in order: the knock-out form's probes are drawn from them."""
         planted = set().union(*self.sets.values())
@@ -188,6 +179,13 @@ class PlantedHeads:
             if self.shared != "phase":
                 out["shared"] = self.shared
         return out
+
+
+def knockout_mask(head: tuple[int, int], n_layers: int, n_heads: int) -> np.ndarray:
+    """[L, H] booleans: `head` alone knocked out (the knock-out form's slots and probes)."""
+    mask = np.zeros((n_layers, n_heads), dtype=bool)
+    mask[head] = True
+    return mask
 
 
 def decision_rows(tokenizer: Any, text: str, completion_start: int, codes: Sequence[str]) -> tuple[Decision, ...]:

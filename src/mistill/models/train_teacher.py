@@ -38,7 +38,7 @@ from typing import Any
 import numpy as np
 from tqdm import tqdm
 
-from mistill.models.planted import Decision, PlantedHeads, PlantedRouting, decision_rows
+from mistill.models.planted import Decision, PlantedHeads, PlantedRouting, decision_rows, knockout_mask
 from mistill.models.world_files import FULL, SHORTLIST, DemoWorld
 from mistill.world.types import Note
 
@@ -227,14 +227,12 @@ def necessity_step(model: Any, batch: list[TeacherExample], routing: PlantedRout
         loss, n_tokens = batch_loss(model, batch, min_shared=min_shared)
         return loss, n_tokens, {}
     n_layers, n_heads = len(routing.layers), routing.n_heads
-    knockouts = [planted.knockouts(planted.needed(d), n_layers, n_heads) for d in decisions]
-    slots = max(len(k) for k in knockouts)
+    needed = [planted.needed(d) for d in decisions]
+    slots = max(len(heads) for heads in needed)
     copies = [np.zeros((len(decisions), n_layers, n_heads), dtype=bool)]
-    copies += [np.stack([k[j % len(k)] for k in knockouts]) for j in range(slots)]
-    for layer, head in probes:
-        probe = np.zeros((len(decisions), n_layers, n_heads), dtype=bool)
-        probe[:, layer, head] = True
-        copies.append(probe)
+    copies += [np.stack([knockout_mask(heads[j % len(heads)], n_layers, n_heads) for heads in needed])
+               for j in range(slots)]
+    copies += [np.broadcast_to(knockout_mask(head, n_layers, n_heads), copies[0].shape) for head in probes]
     repeated = batch * len(copies)
     with routing.applied(repeated, shared_prefix(repeated, min_shared), ablate=[False] * n + [True] * (len(repeated) - n),
                          held=np.concatenate(copies)):
